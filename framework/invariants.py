@@ -1,0 +1,81 @@
+"""Invariants as code: checked cheaply every step and fully at the end of every run.
+
+A failure raises `InvariantError` at once: a run whose books do not balance must not be
+reported as a result.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from framework.block_pool import BlockPool
+from framework.metrics import Counters
+from framework.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from framework.batch import StepBatch
+    from framework.engine import Engine
+
+
+class InvariantError(AssertionError):
+    """The engine's bookkeeping is inconsistent: a bug, never a user error."""
+
+
+def check_step(engine: Engine, batch: StepBatch) -> None:
+    """O(running) checks after each step."""
+    lim = engine.limits
+    if len(batch.rows) > lim.max_num_seqs:
+        raise InvariantError(f"step ran {len(batch.rows)} rows > max_num_seqs {lim.max_num_seqs}")
+    if batch.num_tokens > lim.max_num_batched_tokens:
+        raise InvariantError(
+            f"step ran {batch.num_tokens} tokens > "
+            f"max_num_batched_tokens {lim.max_num_batched_tokens}"
+        )
+    owned = sum(len(s.block_table) for s in engine.running)
+    if owned != engine.pool.num_used:
+        raise InvariantError(
+            f"running rows hold {owned} blocks but the pool has {engine.pool.num_used} in use "
+            "(a leak, or blocks held by a sequence that is not running)"
+        )
+    for s in engine.running:
+        if not s.finished and s.num_computed > len(s.block_table) * engine.pool.block_size:
+            raise InvariantError(
+                f"{s.id} has {s.num_computed} tokens cached in {len(s.block_table)} blocks"
+            )
+
+
+def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: list[Any]) -> None:
+    """Every request accounted for, every block home, every token owed delivered."""
+    lost = [s.id for s in seqs if s.status not in (Status.RELEASED, Status.REJECTED)]
+    if lost:
+        raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
+    if held:
+        raise InvariantError(f"{len(held)} steps of sampled tokens never reached the host")
+    pool.check()
+    if pool.num_used:
+        raise InvariantError(f"{pool.num_used} KV blocks leaked: {pool.owners()}")
+    delivered = 0
+    for s in seqs:
+        if s.status is Status.REJECTED:
+            if s.output_token_ids:
+                raise InvariantError(f"rejected request {s.id} has output")
+            continue
+        n = len(s.output_token_ids)
+        delivered += n
+        stops = s.stop_ids()
+        if any(t in stops for t in s.output_token_ids[:-1]):
+            raise InvariantError(f"{s.id} kept tokens after a stop token")
+        if s.finish_reason == "length" and n != s.sampling.max_tokens:
+            raise InvariantError(f"{s.id} finished by length with {n} != {s.sampling.max_tokens}")
+        if s.finish_reason == "stop" and (
+            n > s.sampling.max_tokens or s.output_token_ids[-1] not in stops
+        ):
+            raise InvariantError(f"{s.id} finished by stop without a stop token last")
+        if s.sampling.ignore_eos and not s.sampling.stop_token_ids and n != s.sampling.max_tokens:
+            raise InvariantError(
+                f"{s.id} ignores EOS but got {n} of {s.sampling.max_tokens} tokens"
+            )
+    if delivered != counters.tokens_kept:
+        raise InvariantError(
+            f"requests hold {delivered} tokens, the engine kept {counters.tokens_kept}"
+        )

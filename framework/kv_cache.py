@@ -1,0 +1,55 @@
+"""Preallocated paged K/V storage: per layer, `num_blocks × block_size` slots.
+
+Slot `b * block_size + i` is position i of block b. One extra block at the end is scratch:
+rows that must be computed but whose keys nobody keeps (finished rows in a static batch)
+write there, so they cost a real forward without touching any live block.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+) -> int:
+    """K and V for every layer: what one block costs in memory."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * block_size * itemsize
+
+
+def blocks_in_budget(budget_mb: float, per_block: int) -> int:
+    return int(budget_mb * 1024 * 1024) // per_block
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        slots = (num_blocks + 1) * block_size  # + the scratch block
+        self.k = [
+            torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.v = [
+            torch.zeros(slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+
+    @property
+    def scratch_block(self) -> int:
+        return self.num_blocks
+
+    def slot(self, block_table: list[int], position: int) -> int:
+        return (
+            block_table[position // self.block_size] * self.block_size + position % self.block_size
+        )

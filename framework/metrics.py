@@ -1,0 +1,165 @@
+"""What a run measured, kept in two kinds: counts that hold on any machine, and times that
+hold only on this one. The summary keys are a stable, documented interface (`metrics.json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from framework.sequence import Sequence, Status
+
+PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks")
+
+
+@dataclass
+class StepStats:
+    step: int
+    time: float  # seconds since run start, at the end of the step
+    rows: int  # rows in the forward (finished rows of a static batch included)
+    prefill_rows: int
+    prefill_tokens: int
+    decode_rows: int
+    wasted_rows: int  # rows whose sampled token nobody keeps
+    tokens_kept: int  # tokens that reached an unfinished request this step
+    admitted: int
+    evicted: int
+    preempted: int
+    waiting: int
+    blocks_in_use: int
+    transfers: int
+    phase_s: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in PHASES:
+            d[f"{name}_s"] = d["phase_s"].get(name, 0.0)
+        del d["phase_s"]
+        return d
+
+
+@dataclass
+class Counters:
+    """Whole-run counts, accumulated by the engine as it goes."""
+
+    token_slots: int = 0  # row-steps that sampled a token, kept or not
+    tokens_kept: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = (
+        0  # tokens whose K/V was computed, dropped by preemption, computed again
+    )
+    transfers: int = 0  # device-to-host readbacks of sampled tokens
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(
+    seqs: list[Sequence],
+    steps: list[StepStats],
+    counters: Counters,
+    max_num_seqs: int,
+    peak_blocks: int,
+    num_blocks: int,
+) -> dict[str, Any]:
+    """The flat summary written to metrics.json (None where a value is undefined)."""
+    done = [s for s in seqs if s.status == Status.RELEASED]
+    n_steps = len(steps)
+    ttft = [s.first_token_at - s.arrival for s in done if s.first_token_at is not None]
+    e2e = [s.finished_at - s.arrival for s in done if s.finished_at is not None]
+    tpot = [
+        (s.finished_at - s.first_token_at) / (len(s.output_token_ids) - 1)
+        for s in done
+        if s.finished_at is not None
+        and s.first_token_at is not None
+        and len(s.output_token_ids) > 1
+    ]
+    makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
+    phase_total = {p: sum(st.phase_s.get(p, 0.0) for st in steps) for p in PHASES}
+    step_total = sum(phase_total.values())
+    slots = counters.token_slots
+    summary: dict[str, Any] = {
+        # counts: the same on any machine
+        "requests": len(seqs),
+        "requests_finished": len(done),
+        "requests_rejected": sum(1 for s in seqs if s.status == Status.REJECTED),
+        "steps": n_steps,
+        "token_slots": slots,
+        "tokens_kept": counters.tokens_kept,
+        "prefill_tokens": counters.prefill_tokens,
+        "waste_fraction": (slots - counters.tokens_kept) / slots if slots else 0.0,
+        "occupancy": counters.tokens_kept / (max_num_seqs * n_steps) if n_steps else 0.0,
+        "mean_rows": sum(st.rows for st in steps) / n_steps if n_steps else 0.0,
+        "preemptions": counters.preemptions,
+        "recomputed_tokens": counters.recomputed_tokens,
+        "peak_blocks": peak_blocks,
+        "num_blocks": num_blocks,
+        "transfers": counters.transfers,
+        "transfers_per_step": counters.transfers / n_steps if n_steps else 0.0,
+        # times: this machine only
+        "makespan_s": makespan,
+        "output_tokens_per_s": counters.tokens_kept / makespan if makespan > 0 else 0.0,
+        "first_answer_s": min(
+            (s.finished_at for s in done if s.finished_at is not None), default=None
+        ),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "ttft_p99_s": _pct(ttft, 99),
+        "tpot_p50_s": _pct(tpot, 50),
+        "tpot_p90_s": _pct(tpot, 90),
+        "tpot_p99_s": _pct(tpot, 99),
+        "e2e_mean_s": float(np.mean(e2e)) if e2e else None,
+        "e2e_p50_s": _pct(e2e, 50),
+        "e2e_p90_s": _pct(e2e, 90),
+        "e2e_p99_s": _pct(e2e, 99),
+        "step_mean_s": step_total / n_steps if n_steps else 0.0,
+    }
+    for p in PHASES:
+        summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
+    return summary
+
+
+COUNT_KEYS = (
+    "requests",
+    "requests_finished",
+    "requests_rejected",
+    "steps",
+    "token_slots",
+    "tokens_kept",
+    "prefill_tokens",
+    "waste_fraction",
+    "occupancy",
+    "mean_rows",
+    "preemptions",
+    "recomputed_tokens",
+    "peak_blocks",
+    "num_blocks",
+    "transfers",
+    "transfers_per_step",
+)
+
+
+def request_row(s: Sequence) -> dict[str, Any]:
+    """One row of requests.csv."""
+    return {
+        "id": s.id,
+        "status": s.status.value,
+        "finish_reason": s.finish_reason or "",
+        "reject_reason": s.reject_reason or "",
+        "prompt_tokens": s.prompt_len,
+        "output_tokens": len(s.output_token_ids),
+        "max_tokens": s.sampling.max_tokens,
+        "preemptions": s.preemptions,
+        "arrival_s": s.arrival,
+        "admitted_s": s.admitted_at,
+        "first_token_s": s.first_token_at,
+        "finished_s": s.finished_at,
+        "released_s": s.released_at,
+        "ttft_s": None if s.first_token_at is None else s.first_token_at - s.arrival,
+        "e2e_s": None if s.finished_at is None else s.finished_at - s.arrival,
+        "token_times_s": " ".join(f"{t:.6f}" for t in s.token_times),
+    }

@@ -1,0 +1,32 @@
+"""Run a job with the configured observers attached to the plugin hooks, and detached after
+(so a multirun does not pile up observers from earlier jobs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from framework.app import RunInfo, serve
+from framework.registry import registry
+
+
+def run_with_observers(
+    cfg: DictConfig, output_dir: str | Path, loaded: tuple[Any, ...] | None = None
+) -> RunInfo:
+    reg = registry()
+    attached: list[Any] = []
+    for name in cfg.observers:
+        if name not in reg.observers:
+            choices = ", ".join(f"{n} (from {p})" for n, (_, p) in sorted(reg.observers.items()))
+            raise ValueError(f"observers: {name!r} is not registered; available: {choices}")
+        factory, _ = reg.observers[name]
+        obs = factory(cfg)
+        reg.pm.register(obs, name=f"observer:{name}")
+        attached.append(obs)
+    try:
+        return serve(cfg, Path(output_dir), reg.pm.hook, loaded)
+    finally:
+        for obs in attached:
+            reg.pm.unregister(obs)

@@ -1,0 +1,48 @@
+"""The files every run leaves in its Hydra run directory (a stable interface for scripts)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.metrics import request_row
+
+if TYPE_CHECKING:
+    from framework.engine import RunResult
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        if not rows:
+            return
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_results(out: Path, cfg: DictConfig, result: RunResult, texts: dict[str, str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    _write_csv(out / "requests.csv", [request_row(s) for s in result.seqs])
+    _write_csv(out / "steps.csv", [st.row() for st in result.steps])
+    with (out / "outputs.jsonl").open("w") as f:
+        for s in result.seqs:
+            f.write(
+                json.dumps(
+                    {
+                        "id": s.id,
+                        "prompt_token_ids": list(s.spec.prompt_token_ids),
+                        "output_token_ids": s.output_token_ids,
+                        "text": texts.get(s.id, ""),
+                        "finish_reason": s.finish_reason
+                        or ("rejected" if s.reject_reason else None),
+                        "reject_reason": s.reject_reason,
+                    }
+                )
+                + "\n"
+            )

@@ -1,0 +1,61 @@
+"""What a user asks for: a request as it enters the engine, before any scheduling state.
+
+Kept apart from `sequence.Sequence` (the engine's mutable state) so that workloads, the
+CLI and tests can build requests without touching engine internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request turns logits into tokens.
+
+    `temperature == 0` means greedy. `seed` makes sampling reproducible per request: each
+    token's draw depends only on (seed, token index), never on what else shares the batch.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # True forces exactly max_tokens (trace replay)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class RequestSpec:
+    """One request of a workload: a prompt (token ids), what to sample, and when it arrives.
+
+    `arrival` is seconds after the run starts; a request is invisible to the scheduler
+    before then (open loop). `prompt` keeps the text, when there was one, for reports.
+    """
+
+    id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival: float = 0.0
+    prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.id!r}: prompt_token_ids must not be empty")
+        if self.arrival < 0:
+            raise ValueError(f"request {self.id!r}: arrival must be >= 0, got {self.arrival}")

@@ -1,0 +1,64 @@
+"""Workloads: configs in, `list[RequestSpec]` out, sorted by arrival.
+
+A workload is chosen by its `kind` (chat, fixed, jsonl, synthetic, trace); presets such as
+`straggler` are YAML files in `conf/workload/` that reuse a kind's schema. Every builder
+returns requests with ids `r0, r1, ...` in the workload's own order and seeds `seed + i`, and
+`build_workload` then sorts them by arrival (stably, so simultaneous requests keep that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from framework.request import RequestSpec
+from framework.workloads.chat import build_chat
+from framework.workloads.common import check_sampling, sort_by_arrival
+from framework.workloads.config import (
+    SCHEMAS,
+    ChatWorkloadConfig,
+    FixedWorkloadConfig,
+    JsonlWorkloadConfig,
+    SyntheticWorkloadConfig,
+    TraceWorkloadConfig,
+    WorkloadConfig,
+    as_config,
+    register_workload_configs,
+)
+from framework.workloads.fixed import build_fixed
+from framework.workloads.jsonl import build_jsonl
+from framework.workloads.synthetic import build_synthetic
+from framework.workloads.trace import build_trace
+
+__all__ = [
+    "ChatWorkloadConfig",
+    "FixedWorkloadConfig",
+    "JsonlWorkloadConfig",
+    "SyntheticWorkloadConfig",
+    "TraceWorkloadConfig",
+    "WorkloadConfig",
+    "build_workload",
+    "register_workload_configs",
+]
+
+_BUILDERS: dict[str, Callable[[Any, PreTrainedTokenizerBase], list[RequestSpec]]] = {
+    "chat": build_chat,
+    "fixed": build_fixed,
+    "jsonl": build_jsonl,
+    "synthetic": build_synthetic,
+    "trace": build_trace,
+}
+assert _BUILDERS.keys() == SCHEMAS.keys()
+
+
+def build_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """The requests of workload `cfg` (DictConfig, dict or dataclass), sorted by arrival.
+
+    Raises ValueError / FileNotFoundError with a message naming the offending
+    `workload.<field>` (or file and line) and what would be accepted.
+    """
+    typed = as_config(cfg)
+    check_sampling(typed)
+    return sort_by_arrival(_BUILDERS[typed.kind](typed, tokenizer))

@@ -1,0 +1,167 @@
+"""Structured configs for workloads: one dataclass per `kind`, registered as Hydra schemas.
+
+Each YAML in `conf/workload/` starts with `defaults: [<kind>_schema, _self_]`, so Hydra checks
+field names and types at compose time: a typo fails before any model is loaded. `as_config`
+applies the same schema to configs that did not come through Hydra (tests, notebooks, plain
+dicts), so that builders only ever see a typed, complete dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, ValidationError
+
+
+@dataclass
+class WorkloadConfig:
+    """Fields every workload shares: what it is and how its requests sample.
+
+    Request i (in the order the workload defines them) samples with seed `seed + i`, so a
+    run is reproducible and no two requests share a random stream.
+    """
+
+    kind: str = MISSING
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+@dataclass
+class ChatWorkloadConfig(WorkloadConfig):
+    """The built-in chat prompts (`data/chat_prompts.jsonl`), through the chat template."""
+
+    kind: str = "chat"
+    max_tokens: int = 48
+    limit: int | None = None  # first N prompts; None: all of them
+
+
+@dataclass
+class FixedWorkloadConfig(WorkloadConfig):
+    """Requests of exact, listed prompt and output lengths (EOS ignored)."""
+
+    kind: str = "fixed"
+    prompt_lens: list[int] = MISSING
+    output_lens: list[int] = MISSING
+    arrivals: list[float] | None = None  # seconds; None: everyone at t=0
+
+
+@dataclass
+class JsonlWorkloadConfig(WorkloadConfig):
+    """One request per line of a JSON Lines file (see `jsonl.py` for the line format)."""
+
+    kind: str = "jsonl"
+    path: str = MISSING
+    chat: bool = True  # default for lines without a `chat` key
+
+
+@dataclass
+class SyntheticWorkloadConfig(WorkloadConfig):
+    """Random lengths and arrivals, reproducible from `seed`.
+
+    Lengths (`prompt_len_*`, `output_len_*` alike), in tokens:
+      fixed:     every request gets `mean`.
+      uniform:   integers uniform on [min, max], both inclusive; `mean` is not used.
+      lognormal: lognormal with arithmetic mean `mean` and coefficient of variation `cv`
+                 (std / mean), rounded and clipped to [min, max] (clipping moves the mean a
+                 little when the tails are cut).
+    Arrivals (the first request always arrives at t=0):
+      poisson: exponential gaps with mean 1 / rate.
+      gamma:   gamma gaps with mean 1 / rate and coefficient of variation `cv` (cv > 1 is
+               burstier than Poisson, cv < 1 more regular, cv = 1 is Poisson).
+      burst:   everyone at t=0; `rate` is not used.
+    """
+
+    kind: str = "synthetic"
+    num_requests: int = 32
+    prompt_len_dist: str = "lognormal"
+    prompt_len_mean: int = 128
+    prompt_len_min: int = 8
+    prompt_len_max: int = 512
+    prompt_len_cv: float = 1.0
+    output_len_dist: str = "lognormal"
+    output_len_mean: int = 64
+    output_len_min: int = 4
+    output_len_max: int = 256
+    output_len_cv: float = 1.0
+    arrival: str = "poisson"
+    rate: float = 4.0  # requests per second
+    cv: float = 2.0  # of the gamma inter-arrival gaps
+
+
+@dataclass
+class TraceWorkloadConfig(WorkloadConfig):
+    """Replay of a production trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+
+    `time_scale` multiplies the recorded gaps: 0.5 replays twice as fast (double the load),
+    2.0 half as fast, 0 sends the whole slice at t=0. Lengths are clamped to the caps and to
+    at least 1 token (an engine cannot run an empty prompt or generate nothing).
+    """
+
+    kind: str = "trace"
+    path: str = MISSING
+    start: int = 0  # first data row (0-based, header excluded)
+    limit: int | None = 100  # rows from `start`; None: to the end of the file
+    time_scale: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+SCHEMAS: dict[str, type[WorkloadConfig]] = {
+    "chat": ChatWorkloadConfig,
+    "fixed": FixedWorkloadConfig,
+    "jsonl": JsonlWorkloadConfig,
+    "synthetic": SyntheticWorkloadConfig,
+    "trace": TraceWorkloadConfig,
+}
+
+
+def register_workload_configs(cs: ConfigStore) -> None:
+    """Store each kind's dataclass as `workload/<kind>_schema`, what the YAMLs build on."""
+    for kind, schema in SCHEMAS.items():
+        cs.store(group="workload", name=f"{kind}_schema", node=schema)
+
+
+def as_config(cfg: Any) -> WorkloadConfig:
+    """Turn a DictConfig, dict or dataclass into the typed dataclass of its `kind`.
+
+    Going through the schema again (even for Hydra-composed configs) means a config built by
+    hand gets the same type checks as one from YAML, and every error names `workload.<field>`.
+    """
+    if isinstance(cfg, WorkloadConfig):
+        kind = cfg.kind
+    elif isinstance(cfg, dict | DictConfig):
+        kind = OmegaConf.select(OmegaConf.create(cfg), "kind")  # None when absent or ???
+    else:
+        raise TypeError(f"workload config must be a DictConfig, dict or dataclass, got {cfg!r}")
+    if kind not in SCHEMAS:
+        raise ValueError(f"workload.kind must be one of {', '.join(SCHEMAS)}; got {kind!r}")
+    schema = SCHEMAS[kind]
+    fields = [f.name for f in dataclasses.fields(schema)]
+    # Checked by hand: a Hydra `+workload.x=...` override slips past OmegaConf's merge, which
+    # would then set `x` as a stray attribute instead of failing.
+    given = [f.name for f in dataclasses.fields(cfg)] if isinstance(cfg, WorkloadConfig) else cfg
+    unknown = [k for k in given if k not in fields]
+    if unknown:
+        raise ValueError(
+            f"workload.{unknown[0]} is not a field of workload kind {kind!r}; "
+            f"its fields are: {', '.join(fields)}"
+        )
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+        typed = OmegaConf.to_object(merged)
+    except MissingMandatoryValue as e:
+        raise ValueError(
+            f"workload.{e.full_key} is required for workload kind {kind!r}; "
+            f"set it, e.g. on the command line: workload.{e.full_key}=..."
+        ) from e
+    except ValidationError as e:
+        first_line = str(e).splitlines()[0]
+        raise ValueError(f"workload.{e.full_key}: {first_line}") from e
+    assert isinstance(typed, WorkloadConfig)
+    return typed

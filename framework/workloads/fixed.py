@@ -1,0 +1,52 @@
+"""Requests of exactly the listed prompt and output lengths: the unit of scheduler experiments.
+
+Output lengths are forced (`ignore_eos=True`), so a scenario such as the straggler preset
+(seven short requests and one long one) plays out the same whatever the model says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from framework.request import RequestSpec
+from framework.workloads.common import request_id, require_at_least, sampling_for
+from framework.workloads.config import FixedWorkloadConfig
+from framework.workloads.text import exact_length_prompts
+
+
+def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """One request per index of `prompt_lens` / `output_lens` / `arrivals`."""
+    arrivals = [0.0] * len(cfg.prompt_lens) if cfg.arrivals is None else list(cfg.arrivals)
+    sizes = {
+        "prompt_lens": len(cfg.prompt_lens),
+        "output_lens": len(cfg.output_lens),
+        "arrivals": len(arrivals),
+    }
+    if cfg.arrivals is None:
+        del sizes["arrivals"]
+    if len(set(sizes.values())) != 1:
+        listed = ", ".join(f"workload.{name} has {n}" for name, n in sizes.items())
+        raise ValueError(f"the fixed workload's lists must have equal lengths; {listed}")
+    if not cfg.prompt_lens:
+        raise ValueError("workload.prompt_lens must list at least one request; got []")
+    for i, (prompt_len, output_len, arrival) in enumerate(
+        zip(cfg.prompt_lens, cfg.output_lens, arrivals, strict=True)
+    ):
+        require_at_least(f"prompt_lens[{i}]", prompt_len, 1)
+        require_at_least(f"output_lens[{i}]", output_len, 1)
+        require_at_least(f"arrivals[{i}]", arrival, 0)
+
+    prompts = exact_length_prompts(tokenizer, cfg.prompt_lens, np.random.default_rng(cfg.seed))
+    return [
+        RequestSpec(
+            id=request_id(i),
+            prompt_token_ids=ids,
+            sampling=sampling_for(cfg, i, max_tokens=output_len, ignore_eos=True),
+            arrival=float(arrival),
+            prompt=text,
+        )
+        for i, ((ids, text), output_len, arrival) in enumerate(
+            zip(prompts, cfg.output_lens, arrivals, strict=True)
+        )
+    ]

@@ -1,0 +1,29 @@
+"""Worst-case reservation: at admission, book every block the request could ever need
+(prompt + max_tokens). Never preempts; holds memory that short answers never use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.hookspecs import hookimpl
+from framework.policy import Allocator, PolicyConfig
+from framework.sequence import Sequence
+
+
+@dataclass
+class WorstCaseConfig(PolicyConfig):
+    pass
+
+
+class WorstCaseAllocator(Allocator):
+    def blocks_to_admit(self, seq: Sequence, block_size: int) -> int:
+        return -(-seq.max_len // block_size)
+
+    def blocks_to_grow(self, seq: Sequence, block_size: int, lookahead: int) -> int:
+        need = -(-(seq.num_tokens + lookahead) // block_size)
+        return max(0, need - len(seq.block_table))
+
+
+@hookimpl
+def register_allocators(register) -> None:  # type: ignore[no-untyped-def]
+    register("worst_case", WorstCaseAllocator, WorstCaseConfig)

@@ -1,0 +1,24 @@
+"""Immediate output: read the sampled tokens back to the host after every forward.
+The reference every deferred policy must match token for token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.hookspecs import hookimpl
+from framework.policy import OutputPolicy, OutputView, PolicyConfig
+
+
+@dataclass
+class ImmediateConfig(PolicyConfig):
+    pass
+
+
+class ImmediateOutput(OutputPolicy):
+    def should_drain(self, view: OutputView) -> bool:
+        return True
+
+
+@hookimpl
+def register_outputs(register) -> None:  # type: ignore[no-untyped-def]
+    register("immediate", ImmediateOutput, ImmediateConfig)

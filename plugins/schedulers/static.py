@@ -1,0 +1,34 @@
+"""Static batching: a batch is admitted only when nothing runs, and runs until its slowest
+member ends. Finished members keep their row in every forward (their tokens are discarded
+and counted as waste), which is what padded static batching really pays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.hookspecs import hookimpl
+from framework.policy import EngineView, PolicyConfig, Scheduler
+from framework.sequence import Sequence
+from plugins.schedulers.admission import admit_fcfs
+
+
+@dataclass
+class StaticConfig(PolicyConfig):
+    pass
+
+
+class StaticScheduler(Scheduler):
+    def evict(self, view: EngineView) -> list[Sequence]:
+        if view.running and all(s.finished for s in view.running):
+            return list(view.running)
+        return []
+
+    def admit(self, view: EngineView) -> list[Sequence]:
+        if view.running:
+            return []
+        return admit_fcfs(view)
+
+
+@hookimpl
+def register_schedulers(register) -> None:  # type: ignore[no-untyped-def]
+    register("static", StaticScheduler, StaticConfig)

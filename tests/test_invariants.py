@@ -1,0 +1,91 @@
+"""The checks must catch the bugs they exist for, and a misbehaving policy must be named."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework.block_pool import BlockPool, BlockPoolError
+from framework.invariants import InvariantError, check_end
+from framework.policy import PolicyError, Scheduler
+from framework.request import RequestSpec, SamplingParams
+from tests.helpers import make_cfg, run_engine
+
+
+def specs(n: int = 3) -> list[RequestSpec]:
+    return [
+        RequestSpec(f"r{i}", [10 + i, 11, 12], SamplingParams(max_tokens=5, ignore_eos=True))
+        for i in range(n)
+    ]
+
+
+def test_pool_refuses_double_ownership_and_foreign_frees() -> None:
+    pool = BlockPool(4, 16)
+    a = pool.allocate("a", 2)
+    with pytest.raises(BlockPoolError, match="owned by a"):
+        pool.free("b", a)
+    with pytest.raises(BlockPoolError, match="only 2 free"):
+        pool.allocate("c", 3)
+    pool.free("a", a)
+    pool.check()
+    assert pool.num_free == 4 and pool.peak_used == 2
+
+
+def test_end_check_catches_a_leaked_block(tiny) -> None:
+    model, tok = tiny
+    res = run_engine(make_cfg("model=tiny"), model, tok, specs())
+    from framework.metrics import Counters
+
+    counters = Counters(tokens_kept=res.summary["tokens_kept"])
+    pool = BlockPool(8, 16)
+    check_end(res.seqs, pool, counters, [])  # balanced books pass
+    pool.allocate("r1", 1)  # a block nobody returned
+    with pytest.raises(InvariantError, match="1 KV blocks leaked"):
+        check_end(res.seqs, pool, counters, [])
+    with pytest.raises(InvariantError, match="engine kept"):
+        check_end(res.seqs, BlockPool(8, 16), Counters(tokens_kept=1), [])
+
+
+def test_step_check_catches_blocks_held_outside_the_batch(tiny) -> None:
+    model, tok = tiny
+    import torch
+
+    from framework.app import build_engine
+    from framework.registry import registry
+
+    engine = build_engine(
+        make_cfg("model=tiny"), model, torch.device("cpu"), torch.float32, registry().pm.hook
+    )
+    engine.pool.allocate("ghost", 1)
+    with pytest.raises(InvariantError, match="running rows hold"):
+        engine.run(specs(), tok.eos_token_id)
+
+
+class GreedyBadScheduler(Scheduler):
+    """Admits more rows than allowed: the engine must stop it and name it."""
+
+    def evict(self, view):  # type: ignore[no-untyped-def]
+        return [s for s in view.running if s.finished]
+
+    def admit(self, view):  # type: ignore[no-untyped-def]
+        return list(view.waiting)
+
+
+def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
+    model, tok = tiny
+    import torch
+
+    from framework.app import build_engine
+    from framework.registry import registry
+
+    engine = build_engine(
+        make_cfg("model=tiny", "engine.max_num_seqs=2"),
+        model,
+        torch.device("cpu"),
+        torch.float32,
+        registry().pm.hook,
+    )
+    engine.p.scheduler = GreedyBadScheduler(engine.p.scheduler.cfg)
+    with pytest.raises(
+        PolicyError, match=r"scheduler policy 'continuous'.*exceeds engine.max_num_seqs"
+    ):
+        engine.run(specs(3), tok.eos_token_id)

@@ -1,0 +1,532 @@
+"""Workload builders: exact lengths, presets, determinism, trace replay and error messages.
+
+No model is loaded: a small byte-level BPE tokenizer is trained on the shipped corpus, which
+is a real `PreTrainedTokenizerFast` (encode, decode, chat template) and takes well under a
+second to build.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from framework.request import RequestSpec, SamplingParams
+from framework.workloads import build_workload, register_workload_configs
+from framework.workloads.chat import load_chat_prompts
+from framework.workloads.text import corpus_text, corpus_token_ids
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+TRACES = REPO.parent / "shared" / "data" / "traces"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<eos>"]
+
+
+def _train_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_text().splitlines(), trainer=trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def raw_tokenizer() -> Tokenizer:
+    return _train_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(raw_tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """A chat model's tokenizer: has a chat template."""
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw_tokenizer, eos_token="<eos>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def base_tokenizer(raw_tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    """A base model's tokenizer: no chat template."""
+    return PreTrainedTokenizerFast(tokenizer_object=raw_tokenizer, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def hydra_conf() -> Iterator[None]:
+    register_workload_configs(ConfigStore.instance())
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        yield
+
+
+def compose_workload(name: str, *overrides: str) -> DictConfig:
+    cfg = compose(overrides=[f"+workload={name}", *(f"workload.{o}" for o in overrides)])
+    return cfg.workload
+
+
+def fixed(**fields: Any) -> dict[str, Any]:
+    return {"kind": "fixed", **fields}
+
+
+def synthetic(**fields: Any) -> dict[str, Any]:
+    # Short prompts keep the many-request tests fast; lengths are tested separately.
+    base = {"kind": "synthetic", "prompt_len_dist": "fixed", "prompt_len_mean": 4}
+    return {**base, **fields}
+
+
+def write_trace(
+    path: Path, rows: list[str], header: str = "TIMESTAMP,ContextTokens,GeneratedTokens"
+) -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+TRACE_ROWS = [
+    "2023-11-16 18:15:46.0000000,10,3",
+    "2023-11-16 18:15:47.5000000,20,0",
+    "2023-11-16 18:15:48.0000000,300,40",
+    "2023-11-16 18:15:50.0000000,0,7",
+]
+
+
+def trace(path: Path, **fields: Any) -> dict[str, Any]:
+    return {"kind": "trace", "path": str(path), **fields}
+
+
+def summary(specs: list[RequestSpec]) -> list[tuple[Any, ...]]:
+    return [(s.id, s.prompt_token_ids, s.sampling, s.arrival) for s in specs]
+
+
+# --- exact-length prompts -------------------------------------------------------------------
+
+
+def test_fixed_prompts_have_exact_lengths_of_corpus_text(
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    corpus = corpus_token_ids(tokenizer).tolist()
+    lens = [1, 7, 100, 2 * len(corpus) + 3]  # the last wraps around the corpus twice
+    specs = build_workload(fixed(prompt_lens=lens, output_lens=[5, 6, 7, 8]), tokenizer)
+    assert [len(s.prompt_token_ids) for s in specs] == lens
+    assert [s.sampling.max_tokens for s in specs] == [5, 6, 7, 8]
+    assert all(s.sampling.ignore_eos and s.arrival == 0 for s in specs)
+    assert [s.id for s in specs] == ["r0", "r1", "r2", "r3"]
+    doubled = corpus * 4
+    for s in specs:  # every prompt is a contiguous window of the (cyclic) corpus
+        ids = s.prompt_token_ids
+        starts = [i for i, t in enumerate(corpus) if t == ids[0]]
+        assert any(doubled[i : i + len(ids)] == ids for i in starts)
+        assert s.prompt == tokenizer.decode(ids)
+
+
+def test_prompt_text_without_offsets_is_decoded(raw_tokenizer: Tokenizer) -> None:
+    class NoOffsets(PreTrainedTokenizerFast):
+        """Stands in for a slow tokenizer, which cannot report character offsets."""
+
+        @property
+        def is_fast(self) -> bool:
+            return False
+
+    tok = NoOffsets(tokenizer_object=raw_tokenizer)
+    specs = build_workload(fixed(prompt_lens=[9, 40], output_lens=[1, 1]), tok)
+    assert [len(s.prompt_token_ids) for s in specs] == [9, 40]
+    assert all(s.prompt == tok.decode(s.prompt_token_ids) for s in specs)
+
+
+def test_fixed_arrivals_sort_requests_and_keep_ids(tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = fixed(prompt_lens=[3, 3, 3], output_lens=[1, 2, 3], arrivals=[2.0, 0.5, 1.0])
+    specs = build_workload(cfg, tokenizer)
+    assert [(s.id, s.arrival, s.sampling.max_tokens) for s in specs] == [
+        ("r1", 0.5, 2),
+        ("r2", 1.0, 3),
+        ("r0", 2.0, 1),
+    ]
+
+
+def test_request_i_gets_seed_plus_i(tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = fixed(prompt_lens=[2] * 3, output_lens=[1] * 3, seed=10, temperature=0.7, top_k=5)
+    specs = build_workload(cfg, tokenizer)
+    assert [s.sampling.seed for s in specs] == [10, 11, 12]
+    assert {(s.sampling.temperature, s.sampling.top_k, s.sampling.top_p) for s in specs} == {
+        (0.7, 5, 1.0)
+    }
+
+
+def test_prompt_offsets_are_seeded(tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = fixed(prompt_lens=[16] * 4, output_lens=[1] * 4)
+    first, again = build_workload(cfg, tokenizer), build_workload(cfg, tokenizer)
+    other = build_workload({**cfg, "seed": 1}, tokenizer)
+    assert [s.prompt_token_ids for s in first] == [s.prompt_token_ids for s in again]
+    assert [s.prompt_token_ids for s in first] != [s.prompt_token_ids for s in other]
+    assert len({tuple(s.prompt_token_ids) for s in first}) == 4  # requests differ
+
+
+# --- presets through Hydra ------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_straggler_preset(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(compose_workload("straggler"), tokenizer)
+    assert len(specs) == 8
+    assert all(s.arrival == 0 and len(s.prompt_token_ids) == 5 for s in specs)
+    assert sorted(s.sampling.max_tokens for s in specs) == [4] * 7 + [32]
+    assert specs[-1].id == "r7" and specs[-1].sampling.max_tokens == 32
+    assert all(s.sampling.ignore_eos for s in specs)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("chat", "chat"),
+        ("fixed", "fixed"),
+        ("straggler", "fixed"),
+        ("synthetic", "synthetic"),
+        ("jsonl", "jsonl"),
+        ("trace", "trace"),
+    ],
+)
+def test_every_yaml_composes(name: str, kind: str, tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = compose_workload(name)
+    assert cfg.kind == kind
+    if kind in ("jsonl", "trace"):  # these need a file
+        with pytest.raises(ValueError, match=r"workload\.path is required"):
+            build_workload(cfg, tokenizer)
+    else:
+        assert build_workload(cfg, tokenizer)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_yaml_fields_are_validated_by_the_schema(tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(ConfigCompositionException, match=r"workload\.rate=fast") as info:
+        compose_workload("synthetic", "rate=fast")
+    assert "could not be converted to Float" in str(info.value.__cause__)
+    # Hydra lets '+' add any key; building still rejects the misspelt field.
+    cfg = compose(overrides=["+workload=chat", "+workload.max_tokenz=3"]).workload
+    with pytest.raises(ValueError, match=r"workload\.max_tokenz is not a field"):
+        build_workload(cfg, tokenizer)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+def test_trace_yaml_with_path_override(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    csv_path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
+    specs = build_workload(compose_workload("trace", f"path={csv_path}"), tokenizer)
+    assert len(specs) == 4
+
+
+# --- chat -----------------------------------------------------------------------------------
+
+
+def test_chat_applies_template(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload({"kind": "chat"}, tokenizer)
+    prompts = load_chat_prompts()
+    assert len(specs) == len(prompts) >= 12
+    assert [s.prompt for s in specs] == prompts
+    for s in specs:
+        text = tokenizer.decode(s.prompt_token_ids)
+        assert text == f"<|im_start|>user\n{s.prompt}<|im_end|>\n<|im_start|>assistant\n"
+        assert s.sampling.max_tokens == 48 and not s.sampling.ignore_eos and s.arrival == 0
+        assert all(isinstance(t, int) for t in s.prompt_token_ids)
+
+
+def test_chat_without_template_and_limit(base_tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload({"kind": "chat", "limit": 3, "max_tokens": 8}, base_tokenizer)
+    assert [s.id for s in specs] == ["r0", "r1", "r2"]
+    assert [s.prompt_token_ids for s in specs] == [base_tokenizer.encode(s.prompt) for s in specs]
+
+
+# --- jsonl ----------------------------------------------------------------------------------
+
+
+def test_jsonl_lines_override_defaults(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    path = tmp_path / "p.jsonl"
+    lines = [
+        {"prompt": "Tell me about rivers.", "max_tokens": 9, "arrival": 2.0},
+        {},
+        {
+            "prompt": "The lighthouse",
+            "max_tokens": 4,
+            "chat": False,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 3,
+            "seed": 99,
+            "ignore_eos": True,
+        },
+    ]
+    path.write_text("\n".join(json.dumps(x) if x else "" for x in lines) + "\n")
+    specs = build_workload({"kind": "jsonl", "path": str(path), "seed": 5}, tokenizer)
+    assert [s.id for s in specs] == ["r1", "r0"]  # sorted by arrival
+    plain, chat = specs
+    assert plain.prompt_token_ids == tokenizer.encode("The lighthouse")
+    assert plain.sampling == SamplingParams(
+        temperature=0.5, top_p=0.9, top_k=3, seed=99, max_tokens=4, ignore_eos=True
+    )
+    assert tokenizer.decode(chat.prompt_token_ids).startswith("<|im_start|>user\nTell me")
+    assert (chat.sampling.seed, chat.sampling.max_tokens, chat.arrival) == (5, 9, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", r"p\.jsonl:2: not valid JSON"),
+        ('{"prompt": "hi"}', r"p\.jsonl:2: missing required key 'max_tokens'"),
+        ('{"prompt": "hi", "max_token": 3}', r"p\.jsonl:2: unknown keys \['max_token'\]"),
+        ('{"prompt": "hi", "max_tokens": "3"}', r"p\.jsonl:2: 'max_tokens' must be an integer"),
+        ('{"prompt": "hi", "max_tokens": 0}', r"p\.jsonl:2: sampling\.max_tokens must be >= 1"),
+        (
+            '{"prompt": "hi", "max_tokens": 2, "chat": 1}',
+            r"p\.jsonl:2: 'chat' must be true or false",
+        ),
+        ("[1, 2]", r"p\.jsonl:2: each line must be a JSON object"),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast, line: str, message: str
+) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "ok", "max_tokens": 2}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        build_workload({"kind": "jsonl", "path": str(path)}, tokenizer)
+
+
+def test_jsonl_missing_file(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
+        build_workload({"kind": "jsonl", "path": str(tmp_path / "nope.jsonl")}, tokenizer)
+
+
+# --- synthetic ------------------------------------------------------------------------------
+
+
+def test_synthetic_is_seeded(tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = {"kind": "synthetic", "num_requests": 20, "arrival": "gamma"}
+    first, again = build_workload(cfg, tokenizer), build_workload(cfg, tokenizer)
+    other = build_workload({**cfg, "seed": 1}, tokenizer)
+    assert summary(first) == summary(again)
+    assert [s.arrival for s in first] != [s.arrival for s in other]
+    assert [s.sampling.max_tokens for s in first] != [s.sampling.max_tokens for s in other]
+    assert [len(s.prompt_token_ids) for s in first] != [len(s.prompt_token_ids) for s in other]
+
+
+def test_poisson_arrivals_have_the_requested_rate(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(synthetic(num_requests=2000, rate=10.0), tokenizer)
+    arrivals = np.array([s.arrival for s in specs])
+    assert arrivals[0] == 0 and np.all(np.diff(arrivals) >= 0)
+    assert (len(arrivals) - 1) / arrivals[-1] == pytest.approx(10.0, rel=0.1)
+    assert all(s.sampling.ignore_eos for s in specs)
+
+
+def test_gamma_gaps_have_the_requested_cv(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(
+        synthetic(num_requests=3000, arrival="gamma", rate=5.0, cv=3.0), tokenizer
+    )
+    gaps = np.diff([s.arrival for s in specs])
+    assert 1 / gaps.mean() == pytest.approx(5.0, rel=0.2)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.2)
+
+
+def test_burst_sends_everyone_at_zero(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(synthetic(num_requests=5, arrival="burst"), tokenizer)
+    assert [s.arrival for s in specs] == [0.0] * 5
+    assert [s.id for s in specs] == [f"r{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("dist", ["fixed", "uniform", "lognormal"])
+def test_length_distributions(dist: str, tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = synthetic(
+        num_requests=2000,
+        output_len_dist=dist,
+        output_len_mean=50,
+        output_len_min=10,
+        output_len_max=1000,
+        output_len_cv=0.5,
+    )
+    lens = np.array([s.sampling.max_tokens for s in build_workload(cfg, tokenizer)])
+    if dist == "fixed":
+        assert set(lens) == {50}
+    elif dist == "uniform":
+        assert lens.min() >= 10 and lens.max() <= 1000
+        assert lens.mean() == pytest.approx(505, rel=0.1)
+    else:
+        assert lens.min() >= 10 and lens.max() <= 1000
+        assert lens.mean() == pytest.approx(50, rel=0.1)
+        assert lens.std() / lens.mean() == pytest.approx(0.5, rel=0.2)
+
+
+def test_synthetic_prompt_lengths_are_exact(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(synthetic(num_requests=10, prompt_len_mean=37), tokenizer)
+    assert {len(s.prompt_token_ids) for s in specs} == {37}
+    cfg = synthetic(num_requests=50, prompt_len_dist="uniform", prompt_len_min=1, prompt_len_max=64)
+    lens = [len(s.prompt_token_ids) for s in build_workload(cfg, tokenizer)]
+    assert min(lens) >= 1 and max(lens) <= 64 and len(set(lens)) > 10
+
+
+# --- trace ----------------------------------------------------------------------------------
+
+
+def test_trace_replay(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
+    specs = build_workload(trace(path), tokenizer)
+    assert [s.id for s in specs] == ["r0", "r1", "r2", "r3"]
+    assert [s.arrival for s in specs] == [0.0, 1.5, 2.0, 4.0]
+    assert [len(s.prompt_token_ids) for s in specs] == [10, 20, 300, 1]  # 0 tokens -> 1
+    assert [s.sampling.max_tokens for s in specs] == [3, 1, 40, 7]  # 0 tokens -> 1
+    assert all(s.sampling.ignore_eos for s in specs)
+
+
+def test_trace_slice_time_scale_and_caps(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
+    cfg = trace(path, start=1, limit=2, time_scale=0.5, max_prompt_tokens=25, max_output_tokens=30)
+    specs = build_workload(cfg, tokenizer)
+    assert [s.arrival for s in specs] == [0.0, 0.25]  # from the slice's first row, halved
+    assert [len(s.prompt_token_ids) for s in specs] == [20, 25]
+    assert [s.sampling.max_tokens for s in specs] == [1, 30]
+    everything = build_workload(trace(path, start=2, limit=None, time_scale=0), tokenizer)
+    assert [s.arrival for s in everything] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("rows", "header", "message"),
+    [
+        (
+            TRACE_ROWS,
+            "time,prompt,output",
+            r"needs the columns TIMESTAMP, ContextTokens, GeneratedTokens; "
+            r"found time, prompt, output",
+        ),
+        ([], "", r"found none \(empty file\)"),
+        ([*TRACE_ROWS[:2], "2023-11-16 18:15:49,abc,3"], None, r"t\.csv:4: ContextTokens 'abc'"),
+        (["yesterday,3,3"], None, r"t\.csv:2: TIMESTAMP 'yesterday' is not a date-time"),
+        (["2023-11-16 18:15:49,3"], None, r"t\.csv:2: expected 3 fields"),
+        (["2023-11-16 18:15:49,3,-2"], None, r"t\.csv:2: GeneratedTokens must be >= 0"),
+    ],
+)
+def test_trace_file_errors(
+    tmp_path: Path,
+    tokenizer: PreTrainedTokenizerFast,
+    rows: list[str],
+    header: str | None,
+    message: str,
+) -> None:
+    if header is None:
+        path = write_trace(tmp_path / "t.csv", rows)
+    else:
+        path = write_trace(tmp_path / "t.csv", rows, header=header)
+    with pytest.raises(ValueError, match=message):
+        build_workload(trace(path), tokenizer)
+
+
+def test_trace_missing_file_and_empty_slice(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    with pytest.raises(FileNotFoundError, match=r"trace file not found: .*missing\.csv"):
+        build_workload(trace(tmp_path / "missing.csv"), tokenizer)
+    path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
+    with pytest.raises(ValueError, match=r"workload\.start=9: .* has no data rows"):
+        build_workload(trace(path, start=9), tokenizer)
+
+
+def test_real_azure_trace(tokenizer: PreTrainedTokenizerFast) -> None:
+    path = TRACES / "azure_llm_2023_conv.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} is not present")
+    specs = build_workload(trace(path, limit=50), tokenizer)
+    assert len(specs) == 50
+    assert specs[0].arrival == 0.0 and specs[1].arrival == pytest.approx(4.3145789)
+    assert len(specs[0].prompt_token_ids) == 374 and specs[0].sampling.max_tokens == 44
+    assert all(a.arrival <= b.arrival for a, b in itertools.pairwise(specs))
+
+
+# --- config errors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            {"kind": "batch"},
+            r"workload\.kind must be one of chat, fixed, jsonl, synthetic, trace; got 'batch'",
+        ),
+        ({"kind": "chat", "max_tokenz": 3}, r"workload\.max_tokenz is not a field .* max_tokens"),
+        ({"kind": "chat", "max_tokens": "many"}, r"workload\.max_tokens: Value 'many'"),
+        ({"kind": "chat", "max_tokens": 0}, r"workload\.max_tokens must be >= 1; got 0"),
+        ({"kind": "chat", "temperature": -1}, r"workload\.temperature must be >= 0"),
+        ({"kind": "chat", "top_p": 0}, r"workload\.top_p must be in \(0, 1\]"),
+        ({"kind": "trace"}, r"workload\.path is required for workload kind 'trace'"),
+        (fixed(output_lens=[1]), r"workload\.prompt_lens is required"),
+        (
+            fixed(prompt_lens=[1, 2, 3], output_lens=[1, 2]),
+            r"equal lengths; workload\.prompt_lens has 3, workload\.output_lens has 2",
+        ),
+        (
+            fixed(prompt_lens=[1], output_lens=[1], arrivals=[0, 1]),
+            r"workload\.prompt_lens has 1, workload\.output_lens has 1, workload\.arrivals has 2",
+        ),
+        (fixed(prompt_lens=[], output_lens=[]), r"workload\.prompt_lens must list at least one"),
+        (
+            fixed(prompt_lens=[4, 0], output_lens=[1, 1]),
+            r"workload\.prompt_lens\[1\] must be >= 1; got 0",
+        ),
+        (fixed(prompt_lens=[4], output_lens=[0]), r"workload\.output_lens\[0\] must be >= 1"),
+        (
+            fixed(prompt_lens=[4], output_lens=[1], arrivals=[-1]),
+            r"workload\.arrivals\[0\] must be >= 0",
+        ),
+        (
+            synthetic(arrival="poison"),
+            r"^workload\.arrival must be one of poisson, gamma, burst; got 'poison'$",
+        ),
+        (synthetic(rate=0), r"workload\.rate must be > 0; got 0"),
+        (synthetic(arrival="gamma", cv=-1), r"workload\.cv must be > 0"),
+        (synthetic(num_requests=0), r"workload\.num_requests must be >= 1; got 0"),
+        (
+            synthetic(prompt_len_dist="normal"),
+            r"workload\.prompt_len_dist must be one of fixed, uniform, lognormal",
+        ),
+        (synthetic(output_len_min=0), r"workload\.output_len_min must be >= 1; got 0"),
+        (
+            synthetic(output_len_max=2),
+            r"workload\.output_len_max must be >= workload\.output_len_min \(4\)",
+        ),
+        (synthetic(prompt_len_mean=0), r"workload\.prompt_len_mean must be >= 1"),
+        (synthetic(output_len_cv=0), r"workload\.output_len_cv must be > 0"),
+        (trace("x.csv", start=-1), r"workload\.start must be >= 0"),
+        (trace("x.csv", limit=0), r"workload\.limit must be >= 1"),
+        (trace("x.csv", time_scale=-2), r"workload\.time_scale must be >= 0"),
+        (trace("x.csv", max_output_tokens=0), r"workload\.max_output_tokens must be >= 1"),
+    ],
+)
+def test_config_errors_name_the_field(
+    cfg: dict[str, Any], message: str, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_workload(cfg, tokenizer)
+
+
+def test_accepts_dataclass_and_dictconfig(tokenizer: PreTrainedTokenizerFast) -> None:
+    from framework.workloads import FixedWorkloadConfig
+
+    as_dataclass = FixedWorkloadConfig(prompt_lens=[3, 4], output_lens=[2, 2])
+    as_dictconfig = OmegaConf.create(fixed(prompt_lens=[3, 4], output_lens=[2, 2]))
+    assert summary(build_workload(as_dataclass, tokenizer)) == summary(
+        build_workload(as_dictconfig, tokenizer)
+    )
