@@ -51,6 +51,7 @@ def paged_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     paged: PagedBatch | None = None,
+    sliding_window: int | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, None]:
     if paged is None:
@@ -68,27 +69,38 @@ def paged_attention(
         qd = q[:, paged.decode_q_idx].transpose(0, 1).unsqueeze(2)  # [Bd, Hq, 1, D]
         kd = k_cache[paged.decode_ctx_slots].permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
         vd = v_cache[paged.decode_ctx_slots].permute(0, 2, 1, 3)
+        mask = paged.decode_mask
+        if sliding_window:
+            # Mistral / Qwen2 sliding layers: the query (last slot) sees the last W positions.
+            lens = mask.sum(-1, keepdim=True)
+            pos = torch.arange(mask.shape[-1], device=mask.device)
+            mask = mask & (pos > lens - 1 - sliding_window)
         od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=paged.decode_mask, scale=scaling, enable_gqa=True
+            qd, kd, vd, attn_mask=mask, scale=scaling, enable_gqa=True
         )
         out[paged.decode_q_idx] = od.squeeze(2)
     for row in paged.prefills:
         sl = slice(row.q_start, row.q_start + row.q_len)
         qp = q[:, sl].unsqueeze(0)  # [1, Hq, Lq, D]
         if row.ctx_slots is None:
-            kp = key[:, :, sl]
-            vp = value[:, :, sl]
-            op = F.scaled_dot_product_attention(
-                qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=True
-            )
+            kp, vp = key[:, :, sl], value[:, :, sl]
+            ctx = row.q_len
         else:
             kp = k_cache[row.ctx_slots].transpose(0, 1).unsqueeze(0)
             vp = v_cache[row.ctx_slots].transpose(0, 1).unsqueeze(0)
             ctx = row.ctx_slots.numel()
-            # Query i sits at context position ctx - q_len + i and sees everything up to it.
-            mask = torch.ones(row.q_len, ctx, dtype=torch.bool, device=q.device).tril(
-                ctx - row.q_len
+        if ctx == row.q_len and not (sliding_window and row.q_len > sliding_window):
+            op = F.scaled_dot_product_attention(
+                qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=True
             )
+        else:
+            # Query i sits at context position ctx - q_len + i and sees every position up
+            # to it (and, on a sliding layer, only the last W of those).
+            qpos = torch.arange(ctx - row.q_len, ctx, device=q.device)[:, None]
+            kpos = torch.arange(ctx, device=q.device)[None, :]
+            mask = kpos <= qpos
+            if sliding_window:
+                mask = mask & (qpos - kpos < sliding_window)
             op = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=mask, scale=scaling, enable_gqa=True
             )
