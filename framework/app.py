@@ -48,8 +48,15 @@ def resolve_device(name: str) -> torch.device:
 
 def build_policies(cfg: DictConfig) -> Policies:
     reg = registry()
-    built = {g: reg.build(g, cfg[g]) for g in ("scheduler", "allocator", "preemption", "output")}
-    return Policies(**built, names={g: cfg[g].name for g in built})
+    groups = ("scheduler", "allocator", "preemption", "output")
+    # Resolved first: a policy field may interpolate a top-level value (`window: ${window}`).
+    built = {
+        g: reg.build(g, OmegaConf.create(OmegaConf.to_container(cfg[g], resolve=True)))
+        for g in groups
+    }
+    names = {g: cfg[g].name for g in built}
+    providers = {g: reg.get(g, n).provider.label for g, n in names.items()}
+    return Policies(**built, names=names, providers=providers)
 
 
 def model_dims(model: Any) -> tuple[int, int, int]:
@@ -97,6 +104,7 @@ def build_engine(
         limits,
         hooks,
         check_invariants=e.check_invariants,
+        device=device,
     )
 
 

@@ -1,4 +1,5 @@
-"""One engine step's batch as the executor receives it: plain host lists, no tensors.
+"""One engine step's batch as the executor receives it: plain host lists (and, at most, the
+previous step's sampled tensor as the next inputs).
 
 Kept free of torch so that another executor (a calibrated simulator, say) can consume the
 same batch without a model.
@@ -7,6 +8,7 @@ same batch without a model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from framework.request import SamplingParams
 
@@ -32,6 +34,9 @@ class Row:
 @dataclass
 class StepBatch:
     rows: list[Row]
+    # When set (a device tensor, one id per row), every row is a decode row whose input token
+    # is still on the device from the previous step; `Row.token_ids` then holds a placeholder.
+    device_inputs: Any = None
 
     @property
     def num_tokens(self) -> int:

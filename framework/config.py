@@ -40,6 +40,7 @@ class RunConfig:
     workload: Any = MISSING
     engine: EngineConfig = field(default_factory=EngineConfig)
     seed: int = 0
+    window: int = 4  # output=deferred: steps of sampled tokens held on the device (0: none)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "float32"  # float32 | bfloat16 | float16
     threads: int | None = None  # torch intra-op threads; None: torch's default

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from framework.batch import Row, StepBatch
 from framework.block_pool import BlockPool
+from framework.costs import CostModel
 from framework.executor import Executor
-from framework.invariants import check_end, check_step
+from framework.invariants import InvariantError, check_end, check_step
 from framework.metrics import Counters, StepStats, summarize
 from framework.policy import (
     Allocator,
@@ -30,6 +31,7 @@ from framework.policy import (
     Preemption,
     Scheduler,
 )
+from framework.readback import Pending, Readback
 from framework.request import RequestSpec
 from framework.sequence import Sequence, Status
 
@@ -58,6 +60,7 @@ class Policies:
     preemption: Preemption
     output: OutputPolicy
     names: dict[str, str]  # group -> registered name, for error messages
+    providers: dict[str, str] = field(default_factory=dict)  # group -> plugin distribution
 
 
 @dataclass
@@ -73,7 +76,15 @@ class _Held:
 
     rows: list[Sequence]
     discard: list[bool]
-    tokens: torch.Tensor
+    pending: Pending
+    window: float  # the output policy's window when these were sampled
+
+    @property
+    def kept_rows(self) -> int:
+        return sum(1 for d in self.discard if not d)
+
+
+HELD = -1  # placeholder id of a decode row whose input token is still on the device
 
 
 class Engine:
@@ -86,6 +97,7 @@ class Engine:
         limits: Limits,
         hooks: Any,
         check_invariants: bool = True,
+        device: torch.device | None = None,
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -101,6 +113,8 @@ class Engine:
         self.steps: list[StepStats] = []
         self.counters = Counters()
         self.held: list[_Held] = []
+        self.readback = Readback(device or torch.device("cpu"))
+        self.costs = CostModel()
         self._admit_counter = 0
         self._t0 = 0.0
 
@@ -176,20 +190,33 @@ class Engine:
             seq.status = Status.WAITING
             self.waiting.append(seq)
 
-        evicted = self._evict()
+        transfers_before = self.counters.transfers
+        kept_early, finished = 0, []
+        evicted, k, f = self._evict()
+        kept_early += k
+        finished += f
         lap("schedule")
-        preempted = self._grow()
+        preempted, k, f = self._grow()
+        kept_early += k
+        finished += f
         lap("allocate")
+        displaced, k, f = self._displace()
+        preempted += displaced
+        kept_early += k
+        finished += f
         admitted = self._choose_admissions()
         lap("schedule")
-        self._admit(admitted)
+        k, f = self._admit(admitted)
+        kept_early += k
+        finished += f
         lap("allocate")
         if not self.running:
+            self._notify(finished)
             if self.waiting and not self.pending:
                 raise self._fail(
                     "scheduler",
-                    f"admitted nothing while the engine is idle and "
-                    f"{len(self.waiting)} requests wait",
+                    f"admitted nothing while the engine is idle and {len(self.waiting)} "
+                    "requests wait",
                 )
             return None
 
@@ -199,20 +226,34 @@ class Engine:
         phase["forward"] = result.forward_s
         phase["sample"] = result.sample_s
         t = time.perf_counter()
+        if batch.decode_rows == len(batch.rows):
+            self.costs.observe_forward(len(batch.rows), result.forward_s)
         for row_seq, row in zip(self.running, batch.rows, strict=True):
             if not row.discard:
                 row_seq.num_computed = row.start_pos + len(row.token_ids)
+                row_seq.num_held += 1
         self.counters.token_slots += len(batch.rows)
         self.counters.prefill_tokens += batch.prefill_tokens
-        self.held.append(_Held(list(self.running), [r.discard for r in batch.rows], result.tokens))
+        held = _Held(
+            list(self.running),
+            [r.discard for r in batch.rows],
+            self.readback.start(result.tokens),
+            self.p.output.window(),
+        )
+        self.held.append(held)
+        self.counters.deferred_tokens += held.kept_rows
+        self.counters.held_tokens += held.kept_rows
 
-        transfers_before = self.counters.transfers
-        drained = self._maybe_drain()
+        keep = self.p.output.keep(self._output_view())
+        if not 0 <= keep <= len(self.held):
+            raise self._fail("output", f"asked to keep {keep} of {len(self.held)} held steps")
+        drained = self._drain(len(self.held) - keep)
         lap("output")
-        kept, finished = self._apply(drained)
+        k, f = self._apply(drained)
+        kept = kept_early + k
+        finished += f
         lap("apply")
-        for seq in finished:
-            self.hooks.on_request_finished(request=seq)
+        self._notify(finished)
         stats = StepStats(
             step=len(self.steps),
             time=self.now(),
@@ -220,7 +261,7 @@ class Engine:
             prefill_rows=len(batch.rows) - batch.decode_rows,
             prefill_tokens=batch.prefill_tokens,
             decode_rows=batch.decode_rows,
-            wasted_rows=len(batch.rows) - kept,
+            wasted_rows=sum(1 for r in batch.rows if r.discard),
             tokens_kept=kept,
             admitted=len(admitted),
             evicted=len(evicted),
@@ -228,6 +269,8 @@ class Engine:
             waiting=len(self.waiting),
             blocks_in_use=self.pool.num_used,
             transfers=self.counters.transfers - transfers_before,
+            held_steps=len(self.held),
+            window=self.p.output.window(),
             phase_s=phase,
         )
         if self.check_invariants:
@@ -236,6 +279,10 @@ class Engine:
         lap("hooks")
         self.steps.append(stats)
         return stats
+
+    def _notify(self, finished: list[Sequence]) -> None:
+        for seq in finished:
+            self.hooks.on_request_finished(request=seq)
 
     def _view(self) -> EngineView:
         return EngineView(
@@ -249,68 +296,99 @@ class Engine:
             max_num_seqs=self.limits.max_num_seqs,
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
             blocks_to_admit=lambda s: self.p.allocator.blocks_to_admit(s, self.pool.block_size),
+            last_step=self.steps[-1] if self.steps else None,
+        )
+
+    def _output_view(self) -> OutputView:
+        return OutputView(
+            step=len(self.steps),
+            held_steps=len(self.held),
+            running=tuple(self.running),
+            transfer_s=self.costs.transfer_s,
+            row_s=self.costs.row_s,
         )
 
     def _fail(self, group: str, msg: str) -> PolicyError:
-        return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}: {msg}")
+        who = self.p.providers.get(group)
+        tag = f" ({who})" if who else ""
+        return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}{tag}: {msg}")
 
     # ---- schedule & allocate -----------------------------------------------------------
-    def _evict(self) -> list[Sequence]:
+    def _evict(self) -> tuple[list[Sequence], int, list[Sequence]]:
+        """Release the finished rows the scheduler names. Their held tokens come home first
+        (the rows change), which may reveal more finished rows: the scheduler is asked again."""
+        kept, finished = 0, []
         evict = self.p.scheduler.evict(self._view())
+        if evict and self.held:
+            kept, finished = self._apply(self._drain(len(self.held)))
+            evict = self.p.scheduler.evict(self._view())
         for seq in evict:
             if seq not in self.running or not seq.finished:
-                raise self._fail(
-                    "scheduler", f"evicted {seq.id}, which is not a finished running row"
-                )
+                raise self._fail("scheduler", f"evicted {seq.id}, not a finished running row")
         for seq in evict:
             self.running.remove(seq)
             self.pool.free(seq.id, seq.block_table)
             seq.block_table = []
             seq.status = Status.RELEASED
             seq.released_at = self.now()
-        return evict
+        return evict, kept, finished
 
-    def _lookahead(self, seq: Sequence) -> int:
-        """Tokens sampled for `seq` but still held on the device (already in its cache)."""
-        return sum(
-            1
-            for h in self.held
-            for s, d in zip(h.rows, h.discard, strict=True)
-            if s is seq and not d
-        )
+    def _grow(self) -> tuple[int, int, list[Sequence]]:
+        """Give running rows the blocks this step writes into; preempt while the pool is dry.
 
-    def _grow(self) -> int:
-        """Give running rows the blocks this step writes into; preempt while the pool is dry."""
-        preempted = 0
+        Held tokens are already in the cache, so a row's lookahead is its `num_held`.
+        """
+        preempted, kept, finished = 0, 0, []
         bs = self.pool.block_size
         while True:
             need = {
-                s: self.p.allocator.blocks_to_grow(s, bs, self._lookahead(s))
+                s: self.p.allocator.blocks_to_grow(s, bs, s.num_held)
                 for s in self.running
                 if not s.finished
             }
             short = sum(need.values()) - self.pool.num_free
             if short <= 0:
                 break
+            if self.held:  # the rows are about to change: bring every held token home first
+                k, f = self._apply(self._drain(len(self.held)))
+                kept, finished = kept + k, finished + f
+                continue
             victims = self.p.preemption.victims(self._view(), short)
             if not victims:
-                raise self._fail(
-                    "preemption", f"named no victim while the pool is {short} blocks short"
-                )
+                raise self._fail("preemption", f"named no victim; the pool is {short} blocks short")
             for v in victims:
                 if v not in self.running or v.finished:
-                    raise self._fail(
-                        "preemption", f"named {v.id}, which is not an unfinished running row"
-                    )
+                    raise self._fail("preemption", f"named {v.id}, not an unfinished running row")
                 self._preempt(v)
                 preempted += 1
         for seq, n in need.items():
             if n > 0:
                 seq.block_table += self.pool.allocate(seq.id, n)
-        return preempted
+            if self.pool.blocks_for(seq.total_len) > len(seq.block_table):
+                raise self._fail(
+                    "allocator",
+                    f"left {seq.id} {len(seq.block_table)} blocks for {seq.total_len} cached "
+                    f"tokens ({seq.num_held} held on the device)",
+                )
+        return preempted, kept, finished
+
+    def _displace(self) -> tuple[int, int, list[Sequence]]:
+        """Preempt the running rows the scheduler displaces for a waiting request."""
+        kept, finished = 0, []
+        victims = self.p.scheduler.displace(self._view())
+        if victims and self.held:  # rows change: held tokens home first, then ask again
+            kept, finished = self._apply(self._drain(len(self.held)))
+            victims = self.p.scheduler.displace(self._view())
+        for v in victims:
+            if v not in self.running or v.finished:
+                raise self._fail("scheduler", f"displaced {v.id}, not an unfinished running row")
+        for v in victims:
+            self._preempt(v)
+        return len(victims), kept, finished
 
     def _preempt(self, seq: Sequence) -> None:
-        self._drain_all()  # a held token of a changing batch must reach its request first
+        if seq.num_held:  # _grow drains before it preempts: nothing may be in flight here
+            raise InvariantError(f"{seq.id} preempted with {seq.num_held} tokens in flight")
         self.running.remove(seq)
         self.pool.free(seq.id, seq.block_table)
         seq.block_table = []
@@ -324,7 +402,7 @@ class Engine:
     def _choose_admissions(self) -> list[Sequence]:
         admit = self.p.scheduler.admit(self._view())
         rows = len(self.running)
-        tokens = sum(s.num_tokens - s.num_computed if not s.finished else 1 for s in self.running)
+        tokens = sum(s.step_tokens for s in self.running)
         blocks = 0
         waiting = set(map(id, self.waiting))
         for seq in admit:
@@ -332,18 +410,19 @@ class Engine:
                 raise self._fail("scheduler", f"admitted {seq.id}, which is not waiting")
             waiting.discard(id(seq))
             rows += 1
-            tokens += seq.num_tokens - seq.num_computed
+            tokens += seq.step_tokens
             blocks += self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
-        if rows > self.limits.max_num_seqs:
+        lim = self.limits
+        if rows > lim.max_num_seqs:
             raise self._fail(
                 "scheduler",
-                f"batch of {rows} rows exceeds engine.max_num_seqs = {self.limits.max_num_seqs}",
+                f"batch of {rows} rows exceeds engine.max_num_seqs = {lim.max_num_seqs}",
             )
-        if tokens > self.limits.max_num_batched_tokens:
+        if tokens > lim.max_num_batched_tokens:
             raise self._fail(
                 "scheduler",
-                f"step of {tokens} tokens exceeds "
-                f"engine.max_num_batched_tokens = {self.limits.max_num_batched_tokens}",
+                f"step of {tokens} tokens exceeds engine.max_num_batched_tokens = "
+                f"{lim.max_num_batched_tokens}",
             )
         if blocks > self.pool.num_free:
             raise self._fail(
@@ -351,9 +430,10 @@ class Engine:
             )
         return admit
 
-    def _admit(self, admit: list[Sequence]) -> None:
-        if admit:
-            self._drain_all()
+    def _admit(self, admit: list[Sequence]) -> tuple[int, list[Sequence]]:
+        kept, finished = 0, []
+        if admit and self.held:  # the rows change: held tokens must reach their requests first
+            kept, finished = self._apply(self._drain(len(self.held)))
         for seq in admit:
             self.waiting.remove(seq)
             n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
@@ -368,6 +448,7 @@ class Engine:
             if seq.admitted_at is None:
                 seq.admitted_at = self.now()
             self.running.append(seq)
+        return kept, finished
 
     # ---- build -----------------------------------------------------------------------
     def _slot(self, seq: Sequence, pos: int) -> int:
@@ -375,7 +456,11 @@ class Engine:
         return seq.block_table[pos // bs] * bs + pos % bs
 
     def _build(self) -> StepBatch:
+        """One packed batch. While the rows are exactly those of the newest held step, every
+        row's input is its token in that step's device tensor: nothing crosses to the host."""
         bs = self.pool.block_size
+        newest = self.held[-1] if self.held else None
+        from_device = newest is not None and newest.rows == self.running
         rows: list[Row] = []
         for i, seq in enumerate(self.running):
             if seq.finished:
@@ -383,71 +468,81 @@ class Engine:
                 # K/V goes to the scratch block so no live block is touched.
                 scratch = self.scratch_block * bs + i % bs
                 ctx = [self._slot(seq, p) for p in range(seq.num_computed)] + [scratch]
+                token = HELD if from_device else seq.all_token_ids()[-1]
                 rows.append(
                     Row(
                         seq.id,
-                        [seq.all_token_ids()[-1]],
-                        seq.num_tokens - 1,
+                        [token],
+                        seq.num_computed,
                         [scratch],
                         ctx,
                         seq.sampling,
-                        len(seq.output_token_ids),
+                        len(seq.output_token_ids) + seq.num_held,
                         discard=True,
                     )
                 )
                 continue
             start = seq.num_computed
-            tokens = seq.all_token_ids()[start:]
+            if seq.num_held:
+                if not from_device:
+                    raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
+                tokens = [HELD]
+            else:
+                tokens = seq.all_token_ids()[start:]
             end = start + len(tokens)
             slots = [self._slot(seq, p) for p in range(start, end)]
             ctx = None if start == 0 else [self._slot(seq, p) for p in range(end)]
             rows.append(
-                Row(seq.id, tokens, start, slots, ctx, seq.sampling, len(seq.output_token_ids))
+                Row(
+                    seq.id,
+                    tokens,
+                    start,
+                    slots,
+                    ctx,
+                    seq.sampling,
+                    len(seq.output_token_ids) + seq.num_held,
+                )
             )
-        return StepBatch(rows)
+        device_inputs = newest.pending.tokens if from_device and newest is not None else None
+        return StepBatch(rows, device_inputs)
 
     # ---- output & apply --------------------------------------------------------------
-    def _maybe_drain(self) -> list[tuple[Sequence, bool, int]]:
-        view = OutputView(
-            step=len(self.steps),
-            held_steps=len(self.held),
-            rows_changing=False,
-            running=tuple(self.running),
-        )
-        if self.p.output.should_drain(view):
-            return self._drain()
-        return []
-
-    def _drain(self) -> list[tuple[Sequence, bool, int]]:
-        """Every held step home in one concatenation on the device and one transfer."""
-        if not self.held:
+    def _drain(self, n: int) -> list[tuple[Sequence, bool, int, float]]:
+        """The `n` oldest held steps home in one concatenation and one transfer."""
+        if n <= 0 or not self.held:
             return []
-        held, self.held = self.held, []
-        flat = torch.cat([h.tokens for h in held]) if len(held) > 1 else held[0].tokens
-        values = flat.tolist()
+        out_steps, self.held = self.held[:n], self.held[n:]
+        t = time.perf_counter()
+        values = self.readback.fetch([h.pending for h in out_steps])
+        self.costs.observe_transfer(time.perf_counter() - t)
         self.counters.transfers += 1
-        out: list[tuple[Sequence, bool, int]] = []
+        out: list[tuple[Sequence, bool, int, float]] = []
         i = 0
-        for h in held:
+        for h in out_steps:
             for seq, discard in zip(h.rows, h.discard, strict=True):
-                out.append((seq, discard, values[i]))
+                if not discard:
+                    seq.num_held -= 1
+                    self.counters.held_tokens -= 1
+                out.append((seq, discard, values[i], h.window))
                 i += 1
         return out
 
-    def _drain_all(self) -> None:
-        """Drain before the rows change, applying what arrives (see design note 7)."""
-        if self.held:
-            _, finished = self._apply(self._drain())
-            for seq in finished:
-                self.hooks.on_request_finished(request=seq)
+    def _apply(
+        self, drained: list[tuple[Sequence, bool, int, float]]
+    ) -> tuple[int, list[Sequence]]:
+        """Tokens reach their requests; stop and length checks; finish times stamped.
 
-    def _apply(self, drained: list[tuple[Sequence, bool, int]]) -> tuple[int, list[Sequence]]:
-        """Tokens reach their requests; stop and length checks; finish times stamped."""
+        A token for a request whose stop token already arrived is overshoot: computed because
+        the window kept the host from seeing the stop in time.
+        """
         now = self.now()
         kept = 0
         finished: list[Sequence] = []
-        for seq, discard, token in drained:
-            if discard or seq.finished:
+        for seq, discard, token, window in drained:
+            if discard:
+                continue
+            if seq.finish_reason is not None:
+                self.counters.overshoot_tokens += 1
                 continue
             seq.output_token_ids.append(token)
             seq.token_times.append(now)
@@ -456,6 +551,8 @@ class Engine:
             kept += 1
             if token in seq.stop_ids():
                 seq.finish_reason = "stop"
+                if window >= 1:
+                    self.counters.expected_overshoot += (window + 1) / 2
             elif len(seq.output_token_ids) >= seq.sampling.max_tokens:
                 seq.finish_reason = "length"
             if seq.finish_reason:

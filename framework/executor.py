@@ -77,7 +77,10 @@ class HFExecutor:
             decode_mask=mask.to(dev),
             prefills=prefills,
         )
-        input_ids = torch.tensor([ids], device=dev)
+        if batch.device_inputs is not None:
+            input_ids = batch.device_inputs.reshape(1, -1).to(torch.long)
+        else:
+            input_ids = torch.tensor([ids], device=dev)
         position_ids = torch.tensor([pos], device=dev)
         keep = torch.tensor(last, device=dev)
         return paged, input_ids, position_ids, keep

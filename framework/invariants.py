@@ -37,6 +37,24 @@ def check_step(engine: Engine, batch: StepBatch) -> None:
             f"running rows hold {owned} blocks but the pool has {engine.pool.num_used} in use "
             "(a leak, or blocks held by a sequence that is not running)"
         )
+    c = engine.counters
+    if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.abandoned_tokens + c.held_tokens:
+        raise InvariantError(
+            f"token conservation broken: deferred {c.deferred_tokens} != kept {c.tokens_kept}"
+            f" + overshoot {c.overshoot_tokens} + abandoned {c.abandoned_tokens}"
+            f" + held {c.held_tokens}"
+        )
+    held = sum(s.num_held for s in engine.running)
+    if held != c.held_tokens:
+        raise InvariantError(
+            f"rows hold {held} tokens on the device, the counter says {c.held_tokens}"
+        )
+    window = engine.p.output.window()
+    if len(engine.held) > window:
+        raise InvariantError(
+            f"output policy {engine.p.names.get('output', '?')!r} left {len(engine.held)} steps "
+            f"held, over its window {window}"
+        )
     for s in engine.running:
         if not s.finished and s.num_computed > len(s.block_table) * engine.pool.block_size:
             raise InvariantError(
@@ -49,8 +67,16 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
     lost = [s.id for s in seqs if s.status not in (Status.RELEASED, Status.REJECTED)]
     if lost:
         raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
-    if held:
+    if held or counters.held_tokens:
         raise InvariantError(f"{len(held)} steps of sampled tokens never reached the host")
+    if counters.deferred_tokens != (
+        counters.tokens_kept + counters.overshoot_tokens + counters.abandoned_tokens
+    ):
+        raise InvariantError(
+            f"token conservation broken at the end: deferred {counters.deferred_tokens} != kept "
+            f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens} + abandoned "
+            f"{counters.abandoned_tokens}"
+        )
     pool.check()
     if pool.num_used:
         raise InvariantError(f"{pool.num_used} KV blocks leaked: {pool.owners()}")

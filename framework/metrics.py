@@ -30,6 +30,8 @@ class StepStats:
     waiting: int
     blocks_in_use: int
     transfers: int
+    held_steps: int  # steps of sampled tokens still on the device after this step
+    window: float  # the output policy's window in force
     phase_s: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
@@ -52,6 +54,12 @@ class Counters:
         0  # tokens whose K/V was computed, dropped by preemption, computed again
     )
     transfers: int = 0  # device-to-host readbacks of sampled tokens
+    # Output accounting: deferred = tokens_kept + overshoot + abandoned + held, always.
+    deferred_tokens: int = 0  # sampled for a live request and held on the device
+    held_tokens: int = 0  # of those, still on the device
+    overshoot_tokens: int = 0  # arrived after their request's stop token: waste of the window
+    abandoned_tokens: int = 0  # their request was preempted while they were in flight
+    expected_overshoot: float = 0.0  # the model: (k + 1) / 2 rows per stop-finished request
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -100,6 +108,11 @@ def summarize(
         "num_blocks": num_blocks,
         "transfers": counters.transfers,
         "transfers_per_step": counters.transfers / n_steps if n_steps else 0.0,
+        "deferred_tokens": counters.deferred_tokens,
+        "overshoot_tokens": counters.overshoot_tokens,
+        "abandoned_tokens": counters.abandoned_tokens,
+        "expected_overshoot": counters.expected_overshoot,
+        "window": sum(st.window for st in steps) / n_steps if n_steps else 0.0,
         # times: this machine only
         "makespan_s": makespan,
         "output_tokens_per_s": counters.tokens_kept / makespan if makespan > 0 else 0.0,
@@ -140,6 +153,11 @@ COUNT_KEYS = (
     "num_blocks",
     "transfers",
     "transfers_per_step",
+    "deferred_tokens",
+    "overshoot_tokens",
+    "abandoned_tokens",
+    "expected_overshoot",
+    "window",
 )
 
 
@@ -154,6 +172,7 @@ def request_row(s: Sequence) -> dict[str, Any]:
         "output_tokens": len(s.output_token_ids),
         "max_tokens": s.sampling.max_tokens,
         "preemptions": s.preemptions,
+        "priority": s.spec.priority,
         "arrival_s": s.arrival,
         "admitted_s": s.admitted_at,
         "first_token_s": s.first_token_at,

@@ -19,7 +19,7 @@ def run_with_observers(
     attached: list[Any] = []
     for name in cfg.observers:
         if name not in reg.observers:
-            choices = ", ".join(f"{n} (from {p})" for n, (_, p) in sorted(reg.observers.items()))
+            choices = ", ".join(f"{n} ({p.label})" for n, (_, p) in sorted(reg.observers.items()))
             raise ValueError(f"observers: {name!r} is not registered; available: {choices}")
         factory, _ = reg.observers[name]
         obs = factory(cfg)

@@ -1,15 +1,65 @@
-"""The policy API (version 1): what a policy may read, what it returns.
+"""The policy API, version 1 (`API_VERSION`): what a policy may read, what it returns, and
+what happens when a decision breaks the contract. Third-party plugins build on this module
+and on `framework.hookspecs`; nothing else in `framework/` is part of the contract.
 
-Policies decide; the engine mutates. Each policy receives an `EngineView` (read-only by
-contract: the queues, the running rows, the pool's free blocks, the limits) and returns a
-decision. The engine validates every decision and raises `PolicyError` naming the plugin
-when one breaks the contract, so a misbehaving third-party policy is easy to find.
+Policies decide; only the engine mutates. A policy receives a view, returns a decision, and
+the engine validates the decision before applying it. A policy never allocates or frees a
+KV block, moves a request between queues, or appends a token: it names what should happen.
 
 Four groups, one policy of each per run:
 - Scheduler: which finished rows leave the batch (`evict`) and who is admitted (`admit`).
 - Allocator: how many blocks a sequence needs at admission and before each step.
 - Preemption: which running rows give up their blocks when the pool is dry.
-- OutputPolicy: when sampled tokens held on the device are brought to the host.
+- OutputPolicy: how long sampled tokens stay on the device before they are read back.
+
+Registering (see `framework.hookspecs` and `framework.registry`)
+    A plugin is a module that an entry point of the `nanoserve` group names. It implements
+    `register_schedulers(register)` (or `register_allocators`, `register_preemptions`,
+    `register_outputs`) and calls `register(name, PolicyClass, ConfigClass)`: the class
+    subclasses its group's base below, the config is a dataclass subclassing `PolicyConfig`.
+    The config's fields are the policy's options (`scheduler.<field>=...` on the command
+    line); Hydra checks their types when it composes the config, and the policy's
+    `__init__(cfg)` gets a typed instance (do range checks there and raise ValueError naming
+    `group.field`). Names are unique per group across every installed plugin. A module may
+    declare `NANOSERVE_API = 1`; a plugin written for another version is reported and
+    skipped, not loaded.
+
+What a policy may read
+    `EngineView` (schedulers, preemption): `now` and `step`; the queues, `waiting` (arrived
+    and not running: FCFS, preempted requests at the head) and `running` (the rows of the
+    next forward in admission order, finished rows included while the scheduler keeps
+    them); `free_blocks` (after this step's growth of the running rows is set aside),
+    `block_size`, `num_blocks`; the budgets `max_num_seqs` and `max_num_batched_tokens`;
+    `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens.
+    Each `Sequence`, read-only: `id`, `priority` (lower is more urgent), `arrival`,
+    `sampling` (`max_tokens`, temperature, ...), `spec` (the `RequestSpec`, prompt included),
+    the lengths `prompt_len`, `num_tokens`, `num_computed`, `step_tokens`, `remaining`,
+    `output_token_ids`, `block_table` (the blocks it holds), `admit_order` (larger is newer),
+    `preemptions`, `status`, `finished`, and the timestamps `admitted_at`, `first_token_at`.
+    `OutputView` (output policies) carries measured costs: `transfer_s` (one host
+    readback) and `row_s` (one more decode row in a forward). Any plugin may also watch each
+    step's measured counts and phase times through the observer hook `on_step_end`.
+
+What a policy returns, and what the engine checks
+    - `Scheduler.evict`: finished running rows only.
+    - `Scheduler.admit`: waiting sequences, each once, that fit with the running rows within
+      `max_num_seqs`, `max_num_batched_tokens` and the free blocks at the allocator's price.
+      Admitting nothing while the engine is idle and requests wait is an error too.
+    - `Allocator.blocks_to_admit` / `blocks_to_grow`: at least enough blocks for the tokens
+      the sequence will have in its cache.
+    - `Preemption.victims`: unfinished running rows, at least one while the pool is short.
+    - `OutputPolicy.keep`: between 0 and the number of held steps.
+    A decision that breaks these raises `PolicyError("<group> policy '<name>': <what>")`.
+    Names are unique per group, so the name identifies the plugin (an unknown name on the
+    command line lists every name with the distribution providing it). Blocks
+    move only through the engine's `BlockPool`, which refuses a second owner and a free by
+    a non-owner (`BlockPoolError`), and the invariant checks at every step catch state
+    changed behind the engine's back.
+
+Versioning
+    `API_VERSION` changes when a change can break an existing plugin: a removed or renamed
+    view field, a changed meaning, a new abstract method. Additions (a view field, an
+    optional method with a default) keep the version.
 """
 
 from __future__ import annotations
@@ -18,6 +68,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any
 
 from framework.sequence import Sequence
 
@@ -49,12 +100,11 @@ class EngineView:
     max_num_seqs: int
     max_num_batched_tokens: int
     blocks_to_admit: Callable[[Sequence], int]  # the allocator's price of admitting a sequence
+    last_step: Any = None  # the previous step's StepStats (measured counts and phase seconds)
 
     def step_tokens(self) -> int:
         """Tokens the running rows will put in the next forward (prefill rows count whole)."""
-        return sum(s.num_tokens - s.num_computed for s in self.running if not s.finished) + sum(
-            1 for s in self.running if s.finished
-        )
+        return sum(s.step_tokens for s in self.running)
 
 
 class Scheduler(ABC):
@@ -70,6 +120,13 @@ class Scheduler(ABC):
     @abstractmethod
     def admit(self, view: EngineView) -> list[Sequence]:
         """Waiting sequences to admit now, in order. The engine checks every budget again."""
+
+    def displace(self, view: EngineView) -> list[Sequence]:
+        """Unfinished running rows to preempt now so that a waiting request can be admitted
+        (priority scheduling). Called after `evict` and growth, before `admit`; the engine
+        preempts them by the preemption policy's mechanism (free blocks, requeue). Default:
+        none, so schedulers that never displace need not implement it."""
+        return []
 
 
 class Allocator(ABC):
@@ -108,23 +165,33 @@ class Preemption(ABC):
 
 @dataclass(frozen=True)
 class OutputView:
-    """What an output policy sees when deciding whether to bring held tokens home."""
+    """What an output policy sees after a forward, when deciding how long tokens stay held.
+
+    Every step's sampled tokens are first held on the device. The engine has already drained
+    everything if the rows changed; what remains are steps over the same rows.
+    """
 
     step: int
-    held_steps: int  # steps whose sampled tokens are still on the device
-    rows_changing: bool  # the next batch differs in rows from the held steps' rows
+    held_steps: int  # steps whose sampled tokens are on the device, the newest included
     running: Seq[Sequence]
+    transfer_s: float | None  # measured seconds of one host readback (None: not measured yet)
+    row_s: float | None  # measured seconds one more decode row adds to a forward
 
 
 class OutputPolicy(ABC):
-    """Decides when the sampled tokens held on the device are read back to the host."""
+    """Decides how many of the newest held steps may stay on the device after this step."""
 
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
 
     @abstractmethod
-    def should_drain(self, view: OutputView) -> bool:
-        """True to bring every held step home now (one concatenation, one transfer)."""
+    def keep(self, view: OutputView) -> int:
+        """How many newest steps stay held (0..held_steps); the older ones are brought home
+        now in one concatenation and one transfer. 0 reads everything back at once."""
+
+    def window(self) -> float:
+        """The window in force (for logs): the most steps this policy lets stay held."""
+        return 0.0
 
 
 GROUPS: dict[str, type] = {

@@ -46,6 +46,9 @@ class RequestSpec:
 
     `arrival` is seconds after the run starts; a request is invisible to the scheduler
     before then (open loop). `prompt` keeps the text, when there was one, for reports.
+    `priority` orders requests for priority-aware policies: lower is more urgent (as in
+    vLLM), any integer, 0 by default. Policies that ignore it (FCFS, SJF) treat every
+    request alike.
     """
 
     id: str
@@ -53,8 +56,13 @@ class RequestSpec:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival: float = 0.0
     prompt: str | None = None
+    priority: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(
+                f"request {self.id!r}: priority must be an integer, got {self.priority!r}"
+            )
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.id!r}: prompt_token_ids must not be empty")
         if self.arrival < 0:

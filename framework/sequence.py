@@ -28,6 +28,7 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V is in this sequence's blocks
+    num_held: int = 0  # sampled tokens still on the device: in the cache, not yet in the request
     finish_reason: str | None = None
     reject_reason: str | None = None
     preemptions: int = 0
@@ -52,6 +53,11 @@ class Sequence:
         return self.spec.arrival
 
     @property
+    def priority(self) -> int:
+        """The request's priority: lower is more urgent (see `RequestSpec`)."""
+        return self.spec.priority
+
+    @property
     def prompt_len(self) -> int:
         return len(self.spec.prompt_token_ids)
 
@@ -72,11 +78,25 @@ class Sequence:
     @property
     def is_prefill(self) -> bool:
         """True when the next forward must compute more than one token for this row."""
-        return self.num_tokens - self.num_computed > 1
+        return self.total_len - self.num_computed > 1
+
+    @property
+    def total_len(self) -> int:
+        """The length the device knows: applied tokens plus tokens held on the device."""
+        return self.num_tokens + self.num_held
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the next forward computes for this row (a finished row still costs one)."""
+        return 1 if self.finished else self.total_len - self.num_computed
 
     @property
     def finished(self) -> bool:
-        return self.status in (Status.FINISHED, Status.RELEASED)
+        """Needs no more forwards: its stop token has been seen, or every token it is owed
+        has been sampled (a length limit is known on the host without reading any value)."""
+        return self.finish_reason is not None or (
+            len(self.output_token_ids) + self.num_held >= self.sampling.max_tokens
+        )
 
     def all_token_ids(self) -> list[int]:
         return list(self.spec.prompt_token_ids) + self.output_token_ids

@@ -115,10 +115,10 @@ def test_help_lists_the_policy_groups() -> None:
     )
     assert proc.returncode == 0
     for word in (
-        "scheduler: continuous, static",
+        "scheduler: continuous, priority, sjf, static",
         "allocator: incremental, worst_case",
-        "preemption: recompute",
-        "output: immediate",
+        "preemption: priority, recompute",
+        "output: adaptive, deferred, immediate",
         "workload:",
     ):
         assert word in proc.stdout, proc.stdout

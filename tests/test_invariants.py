@@ -35,14 +35,15 @@ def test_end_check_catches_a_leaked_block(tiny) -> None:
     res = run_engine(make_cfg("model=tiny"), model, tok, specs())
     from framework.metrics import Counters
 
-    counters = Counters(tokens_kept=res.summary["tokens_kept"])
+    n = res.summary["tokens_kept"]
+    counters = Counters(tokens_kept=n, deferred_tokens=n)
     pool = BlockPool(8, 16)
     check_end(res.seqs, pool, counters, [])  # balanced books pass
     pool.allocate("r1", 1)  # a block nobody returned
     with pytest.raises(InvariantError, match="1 KV blocks leaked"):
         check_end(res.seqs, pool, counters, [])
     with pytest.raises(InvariantError, match="engine kept"):
-        check_end(res.seqs, BlockPool(8, 16), Counters(tokens_kept=1), [])
+        check_end(res.seqs, BlockPool(8, 16), Counters(tokens_kept=1, deferred_tokens=1), [])
 
 
 def test_step_check_catches_blocks_held_outside_the_batch(tiny) -> None:

@@ -87,3 +87,28 @@ def test_eos_stops_where_hf_stops(smollm2, chat) -> None:
         check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, ref)
         assert seq.finish_reason == ("stop" if ref[-1] == tok.eos_token_id else "length")
     assert stopped > 0, "no prompt ended by EOS: this test would not test stopping"
+
+
+@pytest.mark.parametrize(
+    "output", ["window=1", "window=2", "window=4", "window=8", "window=16", "adaptive"]
+)
+def test_deferred_output_keeps_every_token(smollm2, chat, output) -> None:
+    """Real EOS stops under deferral: the same text as immediate and as HF, with overshoot
+    counted and the books balanced."""
+    model, tok = smollm2
+    specs, refs = chat
+    natural = [
+        dataclasses.replace(s, sampling=dataclasses.replace(s.sampling, ignore_eos=False))
+        for s in specs
+    ]
+    over = ["output=adaptive"] if output == "adaptive" else ["output=deferred", output]
+    res = run_engine(make_cfg("model=smollm2", *over), model, tok, natural)
+    for seq in res.seqs:
+        ref = refs[seq.id]
+        if tok.eos_token_id in ref:
+            ref = ref[: ref.index(tok.eos_token_id) + 1]
+        check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, ref)
+    s = res.summary
+    assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
+    if output != "adaptive" and output != "window=1":
+        assert s["transfers_per_step"] < 1

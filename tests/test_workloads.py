@@ -160,6 +160,20 @@ def test_fixed_arrivals_sort_requests_and_keep_ids(tokenizer: PreTrainedTokenize
     ]
 
 
+def test_fixed_priorities_follow_the_requests(tokenizer: PreTrainedTokenizerFast) -> None:
+    cfg = fixed(prompt_lens=[3, 3, 3], output_lens=[1, 1, 1], arrivals=[1.0, 0.0, 0.5])
+    assert [s.priority for s in build_workload(cfg, tokenizer)] == [0, 0, 0]  # the default
+    specs = build_workload({**cfg, "priorities": [2, -1, 0]}, tokenizer)
+    assert [(s.id, s.priority) for s in specs] == [("r1", -1), ("r2", 0), ("r0", 2)]
+
+
+def test_request_priority_must_be_an_integer() -> None:
+    for bad in (1.5, "high", True):
+        with pytest.raises(ValueError, match=r"request 'x': priority must be an integer"):
+            RequestSpec("x", [1], priority=bad)  # type: ignore[arg-type]
+    assert RequestSpec("x", [1]).priority == 0
+
+
 def test_request_i_gets_seed_plus_i(tokenizer: PreTrainedTokenizerFast) -> None:
     cfg = fixed(prompt_lens=[2] * 3, output_lens=[1] * 3, seed=10, temperature=0.7, top_k=5)
     specs = build_workload(cfg, tokenizer)
@@ -225,6 +239,13 @@ def test_yaml_fields_are_validated_by_the_schema(tokenizer: PreTrainedTokenizerF
 
 
 @pytest.mark.usefixtures("hydra_conf")
+def test_fixed_yaml_takes_priorities(tokenizer: PreTrainedTokenizerFast) -> None:
+    specs = build_workload(compose_workload("fixed", "priorities=[1,0,0,2]"), tokenizer)
+    assert [s.priority for s in specs] == [1, 0, 0, 2]
+    assert compose_workload("straggler").priorities is None  # presets inherit the default
+
+
+@pytest.mark.usefixtures("hydra_conf")
 def test_trace_yaml_with_path_override(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
     csv_path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
     specs = build_workload(compose_workload("trace", f"path={csv_path}"), tokenizer)
@@ -269,6 +290,7 @@ def test_jsonl_lines_override_defaults(tmp_path: Path, tokenizer: PreTrainedToke
             "top_k": 3,
             "seed": 99,
             "ignore_eos": True,
+            "priority": -2,
         },
     ]
     path.write_text("\n".join(json.dumps(x) if x else "" for x in lines) + "\n")
@@ -281,6 +303,7 @@ def test_jsonl_lines_override_defaults(tmp_path: Path, tokenizer: PreTrainedToke
     )
     assert tokenizer.decode(chat.prompt_token_ids).startswith("<|im_start|>user\nTell me")
     assert (chat.sampling.seed, chat.sampling.max_tokens, chat.arrival) == (5, 9, 2.0)
+    assert (plain.priority, chat.priority) == (-2, 0)
 
 
 @pytest.mark.parametrize(
@@ -296,6 +319,8 @@ def test_jsonl_lines_override_defaults(tmp_path: Path, tokenizer: PreTrainedToke
             r"p\.jsonl:2: 'chat' must be true or false",
         ),
         ("[1, 2]", r"p\.jsonl:2: each line must be a JSON object"),
+        ('{"prompt": "hi", "max_tokens": 2, "priority": 0.5}', r"'priority' must be an integer"),
+        ('{"prompt": "hi", "max_tokens": 2, "priority": true}', r"'priority' must be an integer"),
     ],
 )
 def test_jsonl_errors_name_file_and_line(
@@ -490,6 +515,14 @@ def test_real_azure_trace(tokenizer: PreTrainedTokenizerFast) -> None:
         (
             fixed(prompt_lens=[4], output_lens=[1], arrivals=[-1]),
             r"workload\.arrivals\[0\] must be >= 0",
+        ),
+        (
+            fixed(prompt_lens=[1, 2], output_lens=[1, 1], priorities=[0]),
+            r"workload\.output_lens has 2, workload\.priorities has 1",
+        ),
+        (
+            fixed(prompt_lens=[1], output_lens=[1], priorities=["high"]),
+            r"workload\.priorities\[0\]: Value 'high'",
         ),
         (
             synthetic(arrival="poison"),

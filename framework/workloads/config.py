@@ -49,6 +49,7 @@ class FixedWorkloadConfig(WorkloadConfig):
     prompt_lens: list[int] = MISSING
     output_lens: list[int] = MISSING
     arrivals: list[float] | None = None  # seconds; None: everyone at t=0
+    priorities: list[int] | None = None  # lower is more urgent; None: every request 0
 
 
 @dataclass

@@ -16,17 +16,18 @@ from framework.workloads.text import exact_length_prompts
 
 
 def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
-    """One request per index of `prompt_lens` / `output_lens` / `arrivals`."""
-    arrivals = [0.0] * len(cfg.prompt_lens) if cfg.arrivals is None else list(cfg.arrivals)
-    sizes = {
-        "prompt_lens": len(cfg.prompt_lens),
-        "output_lens": len(cfg.output_lens),
-        "arrivals": len(arrivals),
-    }
-    if cfg.arrivals is None:
-        del sizes["arrivals"]
+    """One request per index of `prompt_lens` / `output_lens` / `arrivals` / `priorities`."""
+    n = len(cfg.prompt_lens)
+    arrivals = [0.0] * n if cfg.arrivals is None else list(cfg.arrivals)
+    priorities = [0] * n if cfg.priorities is None else list(cfg.priorities)
+    sizes = {"prompt_lens": n, "output_lens": len(cfg.output_lens)}
+    # The optional lists must match too when given; absent ones are filled to fit.
+    if cfg.arrivals is not None:
+        sizes["arrivals"] = len(arrivals)
+    if cfg.priorities is not None:
+        sizes["priorities"] = len(priorities)
     if len(set(sizes.values())) != 1:
-        listed = ", ".join(f"workload.{name} has {n}" for name, n in sizes.items())
+        listed = ", ".join(f"workload.{name} has {count}" for name, count in sizes.items())
         raise ValueError(f"the fixed workload's lists must have equal lengths; {listed}")
     if not cfg.prompt_lens:
         raise ValueError("workload.prompt_lens must list at least one request; got []")
@@ -45,8 +46,9 @@ def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
             sampling=sampling_for(cfg, i, max_tokens=output_len, ignore_eos=True),
             arrival=float(arrival),
             prompt=text,
+            priority=int(priority),
         )
-        for i, ((ids, text), output_len, arrival) in enumerate(
-            zip(prompts, cfg.output_lens, arrivals, strict=True)
+        for i, ((ids, text), output_len, arrival, priority) in enumerate(
+            zip(prompts, cfg.output_lens, arrivals, priorities, strict=True)
         )
     ]

@@ -4,11 +4,13 @@ One JSON object per line (blank lines are skipped):
 
     {"prompt": "Why is the sea salty?", "max_tokens": 64}
     {"prompt": "Once upon a time", "max_tokens": 32, "chat": false, "arrival": 1.5,
-     "temperature": 0.8, "top_p": 0.95, "top_k": 50, "seed": 7, "ignore_eos": true}
+     "temperature": 0.8, "top_p": 0.95, "top_k": 50, "seed": 7, "ignore_eos": true,
+     "priority": -1}
 
 `prompt` and `max_tokens` are required. The rest default to the workload's values; `seed`
 defaults to `workload.seed + i` for the i-th request, `arrival` to 0, `ignore_eos` to false,
-and `chat` (apply the chat template) to `workload.chat`. Unknown keys are errors, so a typo
+`priority` to 0 (lower is more urgent; only priority-aware policies read it), and `chat`
+(apply the chat template) to `workload.chat`. Unknown keys are errors, so a typo
 such as `max_token` is caught instead of silently falling back to a default.
 """
 
@@ -38,6 +40,7 @@ _KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "arrival": ((int, float), "a number"),
     "ignore_eos": ((bool,), "true or false"),
     "chat": ((bool,), "true or false"),
+    "priority": ((int,), "an integer"),
 }
 _REQUIRED = ("prompt", "max_tokens")
 
@@ -103,6 +106,7 @@ def build_jsonl(cfg: JsonlWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
                     sampling=sampling,
                     arrival=float(record.get("arrival", 0.0)),
                     prompt=record["prompt"],
+                    priority=record.get("priority", 0),
                 )
             )
     if not specs:

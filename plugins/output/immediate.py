@@ -15,8 +15,8 @@ class ImmediateConfig(PolicyConfig):
 
 
 class ImmediateOutput(OutputPolicy):
-    def should_drain(self, view: OutputView) -> bool:
-        return True
+    def keep(self, view: OutputView) -> int:
+        return 0
 
 
 @hookimpl

@@ -1,0 +1,57 @@
+"""Bringing sampled tokens from the device to the host.
+
+On one stream a device-to-host copy waits for everything queued before it, so deferring
+removes journeys, not waiting: k held steps come home as one concatenation on the device
+and one `.tolist()`. On CUDA each held step also starts its copy at once, on a second stream
+into pinned memory with an event, so the copy overlaps the next forward instead of
+serialising with it, and a drain only waits for copies that are (usually) already done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Pending:
+    tokens: torch.Tensor  # on the device
+    host: torch.Tensor | None = None  # pinned copy in flight (CUDA)
+    done: torch.cuda.Event | None = None
+
+
+class Readback:
+    def __init__(self, device: torch.device) -> None:
+        self.overlap = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.overlap else None
+
+    def start(self, tokens: torch.Tensor) -> Pending:
+        """Begin moving one step's tokens home (a no-op where there is no second stream)."""
+        if not self.overlap:
+            return Pending(tokens)
+        assert self.stream is not None
+        ready = torch.cuda.Event()
+        ready.record()  # after the sampler on the compute stream
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(ready)
+            host.copy_(tokens, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        tokens.record_stream(self.stream)
+        return Pending(tokens, host, done)
+
+    def fetch(self, pending: list[Pending]) -> list[int]:
+        """The held steps' token ids, oldest first: one host transfer."""
+        if not pending:
+            return []
+        if self.overlap:
+            values: list[int] = []
+            for p in pending:
+                assert p.done is not None and p.host is not None
+                p.done.synchronize()
+                values.extend(p.host.tolist())
+            return values
+        flat = torch.cat([p.tokens for p in pending]) if len(pending) > 1 else pending[0].tokens
+        return flat.tolist()

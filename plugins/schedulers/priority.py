@@ -1,0 +1,87 @@
+"""Priority scheduling: the most urgent waiting request (lowest `priority`) is admitted
+first; equal priorities keep the queue's order (preempted requests first, then by arrival).
+
+Admission never skips ahead: when the most urgent request does not fit, nothing less urgent
+is admitted in its place, so urgent work is not starved by a stream of small, less urgent
+requests. Pair it with `preemption=priority`, so that a dry pool takes blocks from the least
+urgent rows.
+
+Schedulers cannot preempt in policy API 1. `displace` computes which running rows a
+priority scheduler would preempt so that the most urgent waiting request fits at once; it
+is ready for an engine hook that calls it before admission, and is not called yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.hookspecs import hookimpl
+from framework.policy import EngineView, PolicyConfig, Scheduler
+from framework.sequence import Sequence
+from plugins.schedulers.admission import admit_in_order
+
+
+@dataclass
+class PriorityConfig(PolicyConfig):
+    pass
+
+
+def by_priority(seq: Sequence) -> int:
+    return seq.priority
+
+
+def _fits(view: EngineView, seq: Sequence, rows: int, tokens: int, free: int) -> bool:
+    return (
+        rows < view.max_num_seqs
+        and tokens + seq.step_tokens <= view.max_num_batched_tokens
+        and view.blocks_to_admit(seq) <= free
+    )
+
+
+def displace(view: EngineView) -> list[Sequence]:
+    """Running rows to preempt so that the most urgent waiting request can be admitted now.
+
+    Only rows strictly less urgent than that request are candidates, least urgent first and
+    newest among equals (it has the least work to redo). Returns [] when the request already
+    fits, or when preempting every candidate would still not make room (preempting then
+    would only waste work).
+    """
+    if not view.waiting:
+        return []
+    head = min(view.waiting, key=by_priority)  # min is stable: the first of the most urgent
+    rows = len(view.running)
+    tokens = view.step_tokens()
+    free = view.free_blocks
+    if _fits(view, head, rows, tokens, free):
+        return []
+    candidates = sorted(
+        (s for s in view.running if not s.finished and s.priority > head.priority),
+        key=lambda s: (s.priority, s.admit_order),
+        reverse=True,
+    )
+    victims: list[Sequence] = []
+    for seq in candidates:
+        victims.append(seq)
+        rows -= 1
+        tokens -= seq.step_tokens
+        free += len(seq.block_table)
+        if _fits(view, head, rows, tokens, free):
+            return victims
+    return []
+
+
+class PriorityScheduler(Scheduler):
+    def evict(self, view: EngineView) -> list[Sequence]:
+        return [s for s in view.running if s.finished]
+
+    def admit(self, view: EngineView) -> list[Sequence]:
+        return admit_in_order(view, by_priority)
+
+    def displace(self, view: EngineView) -> list[Sequence]:
+        """See the module docstring: for the engine's proposed displacement hook."""
+        return displace(view)
+
+
+@hookimpl
+def register_schedulers(register) -> None:  # type: ignore[no-untyped-def]
+    register("priority", PriorityScheduler, PriorityConfig)
