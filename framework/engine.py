@@ -20,6 +20,7 @@ from framework.batch import Row, StepBatch
 from framework.block_pool import BlockPool
 from framework.costs import CostModel
 from framework.executor import Executor
+from framework.guard import Guarded
 from framework.invariants import InvariantError, check_end, check_step
 from framework.metrics import Counters, StepStats, summarize
 from framework.policy import (
@@ -103,6 +104,10 @@ class Engine:
         self.pool = pool
         self.scratch_block = scratch_block
         self.p = policies
+        for group in ("scheduler", "allocator", "preemption", "output"):
+            name = policies.names.get(group, "?")
+            guarded = Guarded(getattr(policies, group), group, name, policies.providers.get(group))
+            setattr(self.p, group, guarded)
         self.limits = limits
         self.hooks = hooks
         self.check_invariants = check_invariants
@@ -137,6 +142,15 @@ class Engine:
                 if wait > 0:
                     time.sleep(wait)
             self.step()
+        result = self.partial_result()
+        if self.check_invariants:
+            check_end(self.seqs, self.pool, self.counters, self.held)
+        return result
+
+    def partial_result(self) -> RunResult:
+        """What has been measured so far: the whole result after `run`, or, after a run
+        stopped by an error or Ctrl-C, the part worth writing down (marked incomplete by the
+        caller)."""
         summary = summarize(
             self.seqs,
             self.steps,
@@ -145,8 +159,6 @@ class Engine:
             self.pool.peak_used,
             self.pool.num_blocks,
         )
-        if self.check_invariants:
-            check_end(self.seqs, self.pool, self.counters, self.held)
         return RunResult(self.seqs, self.steps, summary)
 
     def now(self) -> float:

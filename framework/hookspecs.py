@@ -60,3 +60,9 @@ def on_request_finished(request: Any) -> None:
 @hookspec
 def on_run_end(run: Any, summary: dict[str, Any]) -> None:
     """A run ended, with the summary that `metrics.json` holds."""
+
+
+@hookspec
+def on_run_abort(run: Any, error: BaseException, summary: dict[str, Any]) -> None:
+    """A run stopped early (an exception, a broken invariant, Ctrl-C), after its partial
+    results were written; `summary` is what was measured so far, marked incomplete."""

@@ -1,0 +1,37 @@
+"""Names the plugin when a policy raises.
+
+A third-party policy that crashes inside `admit` should produce
+`PolicyError: scheduler policy 'sjf' (my-dist) raised in admit: ZeroDivisionError(...)`,
+not a bare traceback into someone else's package.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from framework.policy import PolicyError
+
+
+class Guarded:
+    """Wraps a policy object; every method call re-raises a crash as a named PolicyError."""
+
+    def __init__(self, policy: Any, group: str, name: str, provider: str | None) -> None:
+        self._policy = policy
+        self._label = f"{group} policy {name!r}" + (f" ({provider})" if provider else "")
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._policy, attr)
+        if not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except PolicyError:
+                raise
+            except Exception as exc:
+                raise PolicyError(f"{self._label} raised in {attr}: {exc!r}") from exc
+
+        return call
