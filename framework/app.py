@@ -11,14 +11,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from framework.block_pool import BlockPool
-from framework.config import check_engine
+from framework.config import check_fits, check_run, check_window
 from framework.engine import Engine, Limits, Policies, RunResult
 from framework.executor import HFExecutor
+from framework.faults import guard_hooks
 from framework.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.model_loader import TinySpec, load_model, resolve_dtype
 from framework.registry import registry
-from framework.report import write_results
-from framework.workloads import build_workload
+from framework.report import mark_complete, mark_incomplete, write_marker, write_results
+from framework.request import RequestSpec
+from framework.workloads import build_workload, check_workload
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +41,17 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu":
         return torch.device("cpu")
-    if name.startswith("cuda"):
+    if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise ValueError(f"device={name}: CUDA is not available here; use device=cpu or auto")
+        index = name.partition(":")[2]
+        count = torch.cuda.device_count()
+        if index and (not index.isdigit() or int(index) >= count):
+            present = ", ".join(f"cuda:{i}" for i in range(count))
+            raise ValueError(
+                f"device={name}: not available; this machine has {present} "
+                f"(use device=auto, cpu, cuda or one of those)"
+            )
         return torch.device(name)
     raise ValueError(f"device must be one of auto, cpu, cuda, cuda:N; got {name!r}")
 
@@ -108,29 +118,106 @@ def build_engine(
     )
 
 
+def check_before_loading(cfg: DictConfig) -> None:
+    """Every check that needs no model: limits, settings, policy names and options, the
+    device, the model folder, the workload's fields and files, and (when the workload's
+    sizes and the pool are both known without the model) whether any request fits."""
+    check_run(cfg)
+    build_policies(cfg)
+    check_window(cfg)
+    resolve_device(cfg.device)
+    resolve_dtype(cfg.dtype)
+    sizes = check_workload(OmegaConf.to_container(cfg.workload, resolve=True))
+    e = cfg.engine
+    if sizes is not None:  # the pool is known only if set in blocks (else: after loading)
+        check_fits(
+            sizes,
+            num_blocks=e.num_blocks,
+            block_size=e.block_size,
+            max_model_len=cfg.model.max_model_len,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            pool_source=f"engine.num_blocks={e.num_blocks}",
+        )
+
+
+def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec]) -> None:
+    """No request of the workload fits the built engine: stop before the first step."""
+    e = cfg.engine
+    source = (
+        f"engine.num_blocks={e.num_blocks}"
+        if e.num_blocks is not None
+        else f"engine.kv_memory_mb={e.kv_memory_mb}"
+    )
+    check_fits(
+        [len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs],
+        num_blocks=engine.pool.num_blocks,
+        block_size=engine.pool.block_size,
+        max_model_len=engine.limits.max_model_len,
+        max_num_batched_tokens=engine.limits.max_num_batched_tokens,
+        pool_source=source,
+    )
+
+
+def decode_outputs(tokenizer: Any, result: RunResult) -> dict[str, str]:
+    return {
+        s.id: tokenizer.decode(s.output_token_ids, skip_special_tokens=True) for s in result.seqs
+    }
+
+
 def serve(
     cfg: DictConfig, output_dir: Path, hooks: Any, loaded: tuple[Any, ...] | None = None
 ) -> RunInfo:
-    """Run one configured job end to end and write its results into `output_dir`."""
-    # First: a bad limit, policy name or option fails before the model loads.
-    check_engine(cfg.engine)
-    build_policies(cfg)
-    resolve_device(cfg.device)
-    resolve_dtype(cfg.dtype)
+    """Run one configured job end to end and write its results into `output_dir`.
+
+    A run that stops early (an exception anywhere in the run, a broken invariant, a policy
+    or observer that raises, Ctrl-C) still writes what it measured, marked incomplete, tells
+    the observers (`on_run_abort`), and then re-raises: the caller sees the error.
+    """
+    # First: bad input fails before the model loads.
+    check_before_loading(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     model, tokenizer, device, dtype = loaded or load(cfg)
     specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tokenizer)
+    hooks = guard_hooks(hooks, registry())
     engine = build_engine(cfg, model, device, dtype, hooks)
+    check_engine_fits(cfg, engine, specs)
 
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
-    hooks.on_run_start(run=info)
-    result = engine.run(specs, tokenizer.eos_token_id)
-    info.result = result
-    info.texts = {
-        s.id: tokenizer.decode(s.output_token_ids, skip_special_tokens=True) for s in result.seqs
-    }
+    try:
+        hooks.on_run_start(run=info)
+        result = engine.run(specs, tokenizer.eos_token_id)
+        info.result = result
+        info.texts = decode_outputs(tokenizer, result)
+    except BaseException as error:  # Ctrl-C included: the measurements so far are kept
+        abort(info, engine, tokenizer, hooks, error)
+        raise
+    mark_complete(result.summary)
     write_results(output_dir, cfg, result, info.texts)
     hooks.on_run_end(run=info, summary=result.summary)
     return info
+
+
+def abort(info: RunInfo, engine: Engine, tokenizer: Any, hooks: Any, error: BaseException) -> None:
+    """Write the partial results and tell the observers; never mask `error`.
+
+    Anything that fails in here (the books of a half-finished step may not add up) is
+    logged and noted on `error`, which the caller re-raises.
+    """
+    summary = mark_incomplete({}, error)
+    try:
+        result = engine.partial_result()
+        summary = mark_incomplete(result.summary, error)
+        info.result = result
+        info.texts = decode_outputs(tokenizer, result)
+        write_results(info.output_dir, info.config, result, info.texts)
+    except Exception as exc:
+        log.exception("could not write the partial results of the stopped run")
+        error.add_note(f"(the partial results could not be written: {exc!r})")
+        write_marker(info.output_dir, summary)
+    try:
+        hooks.on_run_abort(run=info, error=error, summary=summary)
+    except Exception as exc:
+        log.exception("an observer failed in on_run_abort")
+        error.add_note(f"(and on_run_abort failed: {exc})")

@@ -1,8 +1,8 @@
 """One engine step's batch as the executor receives it: plain host lists (and, at most, the
 previous step's sampled tensor as the next inputs).
 
-Kept free of torch so that another executor (a calibrated simulator, say) can consume the
-same batch without a model.
+Kept free of model code so that another executor (a calibrated simulator, say) can consume
+the same batch from its lengths alone.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ class Row:
     token_ids: list[int]  # this step's query tokens: a whole prompt (prefill) or one (decode)
     start_pos: int  # position of token_ids[0] in the sequence
     slots: list[int]  # cache slot written for each query token
-    ctx_slots: (
-        list[int] | None
-    )  # every slot the row attends to, in position order; None: its own only
+    block_table: list[int]  # the row's blocks; positions 0..ctx_len-1 are read through it
+    ctx_len: int  # positions the row attends to (its new tokens included, unless discarded)
     sampling: SamplingParams
     token_index: int  # which output token this row samples (seeds its draw)
     discard: bool = False  # computed, but nobody keeps its token (a finished row in a static batch)
 
     @property
     def is_decode(self) -> bool:
-        return len(self.token_ids) == 1 and self.ctx_slots is not None
+        """One query over a cached context: batched with the other decode rows."""
+        return len(self.token_ids) == 1 and self.start_pos > 0
 
 
 @dataclass

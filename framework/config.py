@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.model_loader import TinySpec
+from framework.tracking import MlflowSettings
 
 
 @dataclass
@@ -31,6 +36,15 @@ class ModelConfig:
 
 
 @dataclass
+class MlflowConfig:
+    """Where the `mlflow` observer logs (plugins/observers/mlflow_logger.py)."""
+
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
+    experiment: str = "nanoserve"
+    fatal: bool = False  # True: a failing store fails the run (default: say so, keep results)
+
+
+@dataclass
 class RunConfig:
     scheduler: Any = MISSING
     allocator: Any = MISSING
@@ -45,7 +59,9 @@ class RunConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     threads: int | None = None  # torch intra-op threads; None: torch's default
     observers: list[str] = field(default_factory=lambda: ["console"])
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     print_outputs: bool = True
+    mlflow: MlflowSettings = field(default_factory=MlflowSettings)  # the MLflow observer's
 
 
 def register_configs() -> None:
@@ -75,4 +91,135 @@ def check_engine(e: Any) -> None:
         raise ValueError(
             f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "
             f"engine.max_num_seqs ({e.max_num_seqs}): every row costs at least one token"
+        )
+
+
+# ---- whole-run checks: everything that can be known before the model loads ----------------
+
+_SCHEMAS: tuple[tuple[str, type], ...] = (
+    ("", RunConfig),
+    ("engine", EngineConfig),
+    ("model", ModelConfig),
+    ("model.tiny", TinySpec),
+)
+
+
+def _fields(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def check_unknown_keys(cfg: Any) -> None:
+    """A `+engine.x=...` (or `+x=...`) override slips past Hydra's struct checks; reject
+    any key the schema does not have, listing the ones it does. (Policy and workload
+    groups are checked by their own dataclasses when they are built.)"""
+    for path, schema in _SCHEMAS:
+        node = OmegaConf.select(cfg, path) if path else cfg
+        if not isinstance(node, DictConfig):
+            continue
+        allowed = _fields(schema)
+        unknown = [k for k in node if k not in allowed]
+        if unknown:
+            where = f"{path}.{unknown[0]}" if path else str(unknown[0])
+            group = f"the {path} group" if path else "the top level"
+            raise ValueError(
+                f"{where} is not a setting of {group}; its settings are: {', '.join(allowed)}"
+            )
+
+
+def check_model(m: Any) -> None:
+    """A model folder that is missing or not a causal LM, named before anything loads
+    (the loader checks again, for callers that skip this)."""
+    sources = ("smollm2", "tiny", "hf")
+    if m.source not in sources:
+        raise ValueError(f"model.source must be one of {', '.join(sources)}; got {m.source!r}")
+    if m.max_model_len is not None and m.max_model_len < 1:
+        raise ValueError(
+            f"model.max_model_len must be >= 1 (or null: the model's own), got {m.max_model_len}"
+        )
+    if m.source != "hf":
+        return
+    if not m.path:
+        raise ValueError("model=hf needs model.path=DIR (a local Hugging Face model folder)")
+    folder = Path(m.path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model.path={m.path}: no such directory")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ValueError(f"model.path={m.path}: no config.json, not a Hugging Face model folder")
+    try:
+        archs = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"model.path={m.path}: config.json is not readable JSON ({e})") from e
+    if not any(str(a).endswith("ForCausalLM") for a in archs):
+        raise ValueError(
+            f"model.path={m.path} is not a causal LM (architectures: {archs}); "
+            f"nanoserve serves *ForCausalLM models"
+        )
+
+
+def check_run(cfg: Any) -> None:
+    """The top-level settings and the engine limits, before any model is loaded."""
+    check_unknown_keys(cfg)
+    check_engine(cfg.engine)
+    check_model(cfg.model)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
+
+
+def check_window(cfg: Any) -> None:
+    """A negative `window` is an error whichever output policy is chosen (output=deferred
+    reports it in its own words when it is built, before this runs)."""
+    if cfg.window < 0:
+        raise ValueError(
+            f"window must be >= 0 (steps of sampled tokens held on the device by "
+            f"output=deferred; 0: none), got {cfg.window}"
+        )
+
+
+def check_fits(
+    sizes: Sequence[int],
+    *,
+    num_blocks: int | None,
+    block_size: int,
+    max_model_len: int | None,
+    max_num_batched_tokens: int,
+    pool_source: str = "",
+) -> None:
+    """Fail up front when no request of the workload could ever run here.
+
+    `sizes` are the requests' prompt + max_tokens. A request that alone exceeds the
+    model's context, the pool or the token budget is rejected by the engine with its reason
+    while the rest run; when that would be every request, the run is pointless, so it stops
+    here naming each limit in the way and what the largest request needs. A limit not known
+    yet (None: the pool before the model is loaded) is not checked. `pool_source` says
+    where the pool size came from (`engine.num_blocks=...` or `engine.kv_memory_mb=...`).
+    """
+    if not sizes:
+        return
+    small, large = min(sizes), max(sizes)
+
+    def blocks(n: int) -> int:
+        return -(-n // block_size)
+
+    limits: list[str] = []
+    if num_blocks is not None and blocks(small) > num_blocks:
+        limits.append(
+            f"the KV pool holds {num_blocks} blocks of {block_size} tokens ({pool_source}); "
+            f"the largest request needs {blocks(large)} blocks, the smallest {blocks(small)}: "
+            f"set engine.num_blocks >= {blocks(large)}"
+        )
+    if max_model_len is not None and small > max_model_len:
+        limits.append(
+            f"the model's context is {max_model_len} tokens (model.max_model_len, or the "
+            f"model's max_position_embeddings): lower the prompt lengths or max_tokens"
+        )
+    if small > max_num_batched_tokens:
+        limits.append(
+            f"engine.max_num_batched_tokens = {max_num_batched_tokens} (a request, or a "
+            f"preempted one, is prefilled whole): set it >= {large}"
+        )
+    if limits:
+        raise ValueError(
+            f"no request of this workload can ever run here: prompt + max_tokens is {small} "
+            f"tokens for the smallest and {large} for the largest, and " + "; and ".join(limits)
         )

@@ -475,21 +475,22 @@ class Engine:
         from_device = newest is not None and newest.rows == self.running
         rows: list[Row] = []
         for i, seq in enumerate(self.running):
+            index = len(seq.output_token_ids) + seq.num_held
             if seq.finished:
-                # Still in a static batch: computed like a decode row, kept by nobody. Its
-                # K/V goes to the scratch block so no live block is touched.
-                scratch = self.scratch_block * bs + i % bs
-                ctx = [self._slot(seq, p) for p in range(seq.num_computed)] + [scratch]
+                # Still in a static batch: computed like a decode row over its cached context,
+                # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
                 token = HELD if from_device else seq.all_token_ids()[-1]
+                scratch = [self.scratch_block * bs + i % bs]
                 rows.append(
                     Row(
                         seq.id,
                         [token],
                         seq.num_computed,
-                        [scratch],
-                        ctx,
+                        scratch,
+                        seq.block_table,
+                        seq.num_computed,
                         seq.sampling,
-                        len(seq.output_token_ids) + seq.num_held,
+                        index,
                         discard=True,
                     )
                 )
@@ -503,17 +504,8 @@ class Engine:
                 tokens = seq.all_token_ids()[start:]
             end = start + len(tokens)
             slots = [self._slot(seq, p) for p in range(start, end)]
-            ctx = None if start == 0 else [self._slot(seq, p) for p in range(end)]
             rows.append(
-                Row(
-                    seq.id,
-                    tokens,
-                    start,
-                    slots,
-                    ctx,
-                    seq.sampling,
-                    len(seq.output_token_ids) + seq.num_held,
-                )
+                Row(seq.id, tokens, start, slots, seq.block_table, end, seq.sampling, index)
             )
         device_inputs = newest.pending.tokens if from_device and newest is not None else None
         return StepBatch(rows, device_inputs)

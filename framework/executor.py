@@ -44,12 +44,14 @@ class HFExecutor:
         self, batch: StepBatch
     ) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
         dev = self.device
+        bs = self.cache.block_size
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
         last: list[int] = []
         dec_idx: list[int] = []
-        dec_ctx: list[list[int]] = []
+        dec_blocks: list[list[int]] = []
+        dec_lens: list[int] = []
         prefills: list[PrefillRow] = []
         for row in batch.rows:
             start = len(ids)
@@ -59,21 +61,28 @@ class HFExecutor:
             last.append(len(ids) - 1)
             if row.is_decode:
                 dec_idx.append(start)
-                dec_ctx.append(row.ctx_slots or [])
+                dec_blocks.append(row.block_table[: -(-row.ctx_len // bs)])
+                dec_lens.append(row.ctx_len)
             else:
-                ctx = None if row.ctx_slots is None else torch.tensor(row.ctx_slots, device=dev)
+                ctx = None
+                if row.start_pos > 0:  # a prefill over cached context: read it through blocks
+                    table = row.block_table
+                    ctx = torch.tensor(
+                        [table[p // bs] * bs + p % bs for p in range(row.ctx_len)], device=dev
+                    )
                 prefills.append(PrefillRow(start, len(row.token_ids), ctx))
-        width = max((len(c) for c in dec_ctx), default=0)
-        ctx_t = torch.zeros(len(dec_ctx), width, dtype=torch.long)
-        mask = torch.zeros(len(dec_ctx), 1, 1, width, dtype=torch.bool)
-        for i, c in enumerate(dec_ctx):
-            ctx_t[i, : len(c)] = torch.tensor(c)
-            mask[i, 0, 0, : len(c)] = True
+        width = max((len(b) for b in dec_blocks), default=0)
+        blocks = torch.zeros(len(dec_blocks), width, dtype=torch.long)
+        for i, b in enumerate(dec_blocks):
+            blocks[i, : len(b)] = torch.tensor(b, dtype=torch.long)
+        lens = torch.tensor(dec_lens, dtype=torch.long).view(-1, 1, 1, 1)
+        mask = torch.arange(width * bs).view(1, 1, 1, -1) < lens
         paged = PagedBatch(
             cache=self.cache,
             slot_mapping=torch.tensor(slots, device=dev),
             decode_q_idx=torch.tensor(dec_idx, dtype=torch.long, device=dev),
-            decode_ctx_slots=ctx_t.to(dev),
+            decode_blocks=blocks.to(dev),
+            decode_lens=lens.to(dev),
             decode_mask=mask.to(dev),
             prefills=prefills,
         )

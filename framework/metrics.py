@@ -133,6 +133,9 @@ def summarize(
     }
     for p in PHASES:
         summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
+    # Progress: every admission yields a token before its row can be preempted again, so a
+    # request is preempted at most (its tokens - 1) times; this shows how close runs come.
+    summary["max_preemptions_per_request"] = max((s.preemptions for s in seqs), default=0)
     return summary
 
 
@@ -158,6 +161,7 @@ COUNT_KEYS = (
     "abandoned_tokens",
     "expected_overshoot",
     "window",
+    "max_preemptions_per_request",
 )
 
 

@@ -2,7 +2,7 @@
 
 The model's own modules (projections, rotary, MLP, norms) do everything else; this function
 only replaces the attention kernel: it writes this step's K/V into each row's blocks, then
-attends every query over its own row's slots. Registered with transformers'
+attends every query over its own row's blocks. Registered with transformers'
 `AttentionInterface`, so any architecture that dispatches through it (Llama, Qwen2, Mistral,
 ...) runs paged without a hand-written copy of its code.
 """
@@ -24,23 +24,49 @@ ATTN_NAME = "nanoserve_paged"
 class PrefillRow:
     q_start: int  # first packed index of this row's queries
     q_len: int
-    ctx_slots: torch.Tensor | None  # all slots to attend over, or None: only its own new tokens
+    ctx_slots: torch.Tensor | None  # every slot to attend over, or None: only its new tokens
 
 
 @dataclass
 class PagedBatch:
     """Where each packed token's K/V goes and what each query may read.
 
-    Decode rows (one query each) are attended together as one padded batch; prefill rows
-    one at a time, causally.
+    Decode rows (one query each) are attended together as one padded batch, gathering whole
+    blocks (contiguous `block_size` slots) rather than single slots; prefill rows one at a
+    time, causally.
     """
 
     cache: KVCache
     slot_mapping: torch.Tensor  # [T] slot for each packed token
     decode_q_idx: torch.Tensor  # [Bd] packed index of each decode row's query
-    decode_ctx_slots: torch.Tensor  # [Bd, L] slots to attend, padded
-    decode_mask: torch.Tensor  # [Bd, 1, 1, L] True where a slot is real
+    decode_blocks: torch.Tensor  # [Bd, nb] each decode row's block table, padded
+    decode_lens: torch.Tensor  # [Bd, 1, 1, 1] positions each decode row attends to
+    decode_mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] True where a position is real
     prefills: list[PrefillRow]
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    paged: PagedBatch,
+    scaling: float | None,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    bs = paged.cache.block_size
+    bd, nb = paged.decode_blocks.shape
+    heads, dim = k_cache.shape[1], k_cache.shape[2]
+    blocks = paged.decode_blocks
+    kd = k_cache.view(-1, bs, heads, dim)[blocks].view(bd, nb * bs, heads, dim).transpose(1, 2)
+    vd = v_cache.view(-1, bs, heads, dim)[blocks].view(bd, nb * bs, heads, dim).transpose(1, 2)
+    qd = q[:, paged.decode_q_idx].transpose(0, 1).unsqueeze(2)  # [Bd, Hq, 1, D]
+    mask = paged.decode_mask
+    if sliding_window:
+        # Mistral / Qwen2 sliding layers: the query (position len-1) sees the last W positions.
+        pos = torch.arange(mask.shape[-1], device=mask.device)
+        mask = mask & (pos > paged.decode_lens - 1 - sliding_window)
+    od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scaling, enable_gqa=True)
+    return od.squeeze(2)
 
 
 def paged_attention(
@@ -58,27 +84,13 @@ def paged_attention(
         raise RuntimeError(f"{ATTN_NAME} attention called without a PagedBatch (paged=...)")
     layer = module.layer_idx
     k_cache, v_cache = paged.cache.k[layer], paged.cache.v[layer]
-    k_new = key[0].transpose(0, 1)  # [T, Hkv, D]
-    v_new = value[0].transpose(0, 1)
-    k_cache.index_copy_(0, paged.slot_mapping, k_new)
-    v_cache.index_copy_(0, paged.slot_mapping, v_new)
+    k_cache.index_copy_(0, paged.slot_mapping, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, paged.slot_mapping, value[0].transpose(0, 1))
 
     q = query[0]  # [Hq, T, D]
     out = torch.empty_like(q.transpose(0, 1))  # [T, Hq, D]
     if paged.decode_q_idx.numel():
-        qd = q[:, paged.decode_q_idx].transpose(0, 1).unsqueeze(2)  # [Bd, Hq, 1, D]
-        kd = k_cache[paged.decode_ctx_slots].permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
-        vd = v_cache[paged.decode_ctx_slots].permute(0, 2, 1, 3)
-        mask = paged.decode_mask
-        if sliding_window:
-            # Mistral / Qwen2 sliding layers: the query (last slot) sees the last W positions.
-            lens = mask.sum(-1, keepdim=True)
-            pos = torch.arange(mask.shape[-1], device=mask.device)
-            mask = mask & (pos > lens - 1 - sliding_window)
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=mask, scale=scaling, enable_gqa=True
-        )
-        out[paged.decode_q_idx] = od.squeeze(2)
+        out[paged.decode_q_idx] = _decode(q, k_cache, v_cache, paged, scaling, sliding_window)
     for row in paged.prefills:
         sl = slice(row.q_start, row.q_start + row.q_len)
         qp = q[:, sl].unsqueeze(0)  # [1, Hq, Lq, D]

@@ -1,4 +1,9 @@
-"""The files every run leaves in its Hydra run directory (a stable interface for scripts)."""
+"""The files every run leaves in its Hydra run directory (a stable interface for scripts).
+
+`metrics.json` always says whether the run finished: `"incomplete": false` after a whole
+run; after a run stopped early (an error, Ctrl-C), `"incomplete": true` and `"error":
+"<type>: <message>"`, and every file holds what was measured up to the stop.
+"""
 
 from __future__ import annotations
 
@@ -46,3 +51,29 @@ def write_results(out: Path, cfg: DictConfig, result: RunResult, texts: dict[str
                 )
                 + "\n"
             )
+
+
+def error_text(error: BaseException) -> str:
+    """`<type>: <message>`, or just the type when there is no message (Ctrl-C)."""
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def mark_complete(summary: dict[str, Any]) -> dict[str, Any]:
+    """Mark a whole run's summary (in place, and returned)."""
+    summary.pop("error", None)
+    summary["incomplete"] = False
+    return summary
+
+
+def mark_incomplete(summary: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    """Mark the summary of a run stopped by `error` (in place, and returned)."""
+    summary["incomplete"] = True
+    summary["error"] = error_text(error)
+    return summary
+
+
+def write_marker(out: Path, summary: dict[str, Any]) -> None:
+    """Only metrics.json: for a run whose partial results could not be gathered."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

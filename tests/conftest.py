@@ -4,8 +4,25 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from framework.model_loader import TinySpec, load_model
+
+# Property tests (tests/test_properties.py). `default`: few examples, derandomized (the same
+# examples on every machine, so CI is reproducible) and no example database. `long`: for soak
+# runs, many fresh random examples each time: `pytest --hypothesis-profile=long`. Each example
+# runs the model, so no per-example deadline.
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "default",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=_SLOW_OK,
+)
+settings.register_profile("long", max_examples=1000, deadline=None, suppress_health_check=_SLOW_OK)
+settings.load_profile("default")  # `--hypothesis-profile=NAME` loads another one after this
 
 
 @pytest.fixture(scope="session")

@@ -437,11 +437,13 @@ def rogue_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     [
         (
             ["scheduler=admits_running"],
-            r"scheduler policy 'admits_running': admitted r0, which is not waiting",
+            r"scheduler policy 'admits_running' \(nanoserve-rogue-plugin\): "
+            r"admitted r0, which is not waiting",
         ),
         (
             ["preemption=names_waiting", "engine.num_blocks=6", "engine.block_size=16"],
-            r"preemption policy 'names_waiting': named r6, not an unfinished running row",
+            r"preemption policy 'names_waiting' \(nanoserve-rogue-plugin\): "
+            r"named r6, not an unfinished running row",
         ),
     ],
 )

@@ -14,7 +14,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from framework.request import RequestSpec
-from framework.workloads.chat import build_chat
+from framework.workloads.chat import build_chat, check_chat
 from framework.workloads.common import check_sampling, sort_by_arrival
 from framework.workloads.config import (
     SCHEMAS,
@@ -27,10 +27,10 @@ from framework.workloads.config import (
     as_config,
     register_workload_configs,
 )
-from framework.workloads.fixed import build_fixed
-from framework.workloads.jsonl import build_jsonl
-from framework.workloads.synthetic import build_synthetic
-from framework.workloads.trace import build_trace
+from framework.workloads.fixed import build_fixed, check_fixed
+from framework.workloads.jsonl import build_jsonl, read_jsonl
+from framework.workloads.synthetic import build_synthetic, synthetic_shape
+from framework.workloads.trace import build_trace, trace_rows, trace_sizes
 
 __all__ = [
     "ChatWorkloadConfig",
@@ -40,6 +40,7 @@ __all__ = [
     "TraceWorkloadConfig",
     "WorkloadConfig",
     "build_workload",
+    "check_workload",
     "register_workload_configs",
 ]
 
@@ -62,3 +63,28 @@ def build_workload(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> list[Request
     typed = as_config(cfg)
     check_sampling(typed)
     return sort_by_arrival(_BUILDERS[typed.kind](typed, tokenizer))
+
+
+def check_workload(cfg: Any) -> list[int] | None:
+    """Every check a workload's builder makes that needs no tokenizer, run before the model
+    loads: field types and ranges, files, rows and lines (with file and line numbers).
+
+    Returns each request's prompt + max_tokens when they are known without tokenizing
+    (fixed, synthetic, trace), so the KV pool can be checked before loading too; None for
+    workloads whose prompts are text (chat, jsonl).
+    """
+    typed = as_config(cfg)
+    check_sampling(typed)
+    if isinstance(typed, ChatWorkloadConfig):
+        check_chat(typed)
+    elif isinstance(typed, FixedWorkloadConfig):
+        check_fixed(typed)
+        return [p + o for p, o in zip(typed.prompt_lens, typed.output_lens, strict=True)]
+    elif isinstance(typed, JsonlWorkloadConfig):
+        read_jsonl(typed)
+    elif isinstance(typed, SyntheticWorkloadConfig):
+        prompt_lens, output_lens, _ = synthetic_shape(typed)
+        return (prompt_lens + output_lens).tolist()
+    elif isinstance(typed, TraceWorkloadConfig):
+        return trace_sizes(typed, trace_rows(typed))
+    return None

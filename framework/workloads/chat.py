@@ -47,12 +47,18 @@ def load_chat_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
 
 
-def build_chat(cfg: ChatWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
-    """Every shipped prompt (or the first `limit`), all arriving at t=0."""
+def check_chat(cfg: ChatWorkloadConfig) -> None:
+    """The options, checked without a tokenizer."""
     require_at_least("max_tokens", cfg.max_tokens, 1)
-    prompts = load_chat_prompts()
     if cfg.limit is not None:
         require_at_least("limit", cfg.limit, 1)
+
+
+def build_chat(cfg: ChatWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """Every shipped prompt (or the first `limit`), all arriving at t=0."""
+    check_chat(cfg)
+    prompts = load_chat_prompts()
+    if cfg.limit is not None:
         prompts = prompts[: cfg.limit]
     return [
         RequestSpec(

@@ -34,6 +34,7 @@ def require_positive(name: str, value: float) -> None:
 
 def check_sampling(cfg: WorkloadConfig) -> None:
     """Validate the shared sampling fields once, before any request is built."""
+    require_at_least("seed", cfg.seed, 0)  # numpy's seeding refuses negative seeds
     require_at_least("temperature", cfg.temperature, 0)
     require_at_least("top_k", cfg.top_k, 0)
     if not 0.0 < cfg.top_p <= 1.0:

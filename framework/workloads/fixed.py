@@ -15,8 +15,8 @@ from framework.workloads.config import FixedWorkloadConfig
 from framework.workloads.text import exact_length_prompts
 
 
-def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
-    """One request per index of `prompt_lens` / `output_lens` / `arrivals` / `priorities`."""
+def check_fixed(cfg: FixedWorkloadConfig) -> None:
+    """The lists agree in length and hold sensible values (no tokenizer needed)."""
     n = len(cfg.prompt_lens)
     arrivals = [0.0] * n if cfg.arrivals is None else list(cfg.arrivals)
     priorities = [0] * n if cfg.priorities is None else list(cfg.priorities)
@@ -38,6 +38,13 @@ def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
         require_at_least(f"output_lens[{i}]", output_len, 1)
         require_at_least(f"arrivals[{i}]", arrival, 0)
 
+
+def build_fixed(cfg: FixedWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """One request per index of `prompt_lens` / `output_lens` / `arrivals` / `priorities`."""
+    check_fixed(cfg)
+    n = len(cfg.prompt_lens)
+    arrivals = [0.0] * n if cfg.arrivals is None else list(cfg.arrivals)
+    priorities = [0] * n if cfg.priorities is None else list(cfg.priorities)
     prompts = exact_length_prompts(tokenizer, cfg.prompt_lens, np.random.default_rng(cfg.seed))
     return [
         RequestSpec(

@@ -23,7 +23,7 @@ from typing import Any
 from hydra.utils import to_absolute_path
 from transformers import PreTrainedTokenizerBase
 
-from framework.request import RequestSpec
+from framework.request import RequestSpec, SamplingParams
 from framework.workloads.chat import encode_prompt
 from framework.workloads.common import request_id, sampling_for
 from framework.workloads.config import JsonlWorkloadConfig
@@ -67,13 +67,14 @@ def _check_record(record: Any, where: str) -> dict[str, Any]:
     return record
 
 
-def build_jsonl(cfg: JsonlWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
-    """One request per non-blank line, ids in file order."""
+def read_jsonl(cfg: JsonlWorkloadConfig) -> list[tuple[dict[str, Any], SamplingParams]]:
+    """Every non-blank line, checked, with its sampling parameters (no tokenizer needed, so
+    a missing file or a bad line is reported, with file and line, before any model loads)."""
     # Relative to where the user launched the run, even if Hydra changed the working directory.
     path = Path(to_absolute_path(cfg.path))
     if not path.is_file():
         raise FileNotFoundError(f"workload.path: JSONL file not found: {path}")
-    specs: list[RequestSpec] = []
+    records: list[tuple[dict[str, Any], SamplingParams]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -83,32 +84,37 @@ def build_jsonl(cfg: JsonlWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
                 record = _check_record(json.loads(line), where)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            i = len(specs)
             overrides = {
                 k: record[k] for k in ("temperature", "top_p", "top_k", "seed") if k in record
             }
             try:
                 sampling = sampling_for(
                     cfg,
-                    i,
+                    len(records),
                     max_tokens=record["max_tokens"],
                     ignore_eos=record.get("ignore_eos", False),
                     **overrides,
                 )
             except ValueError as e:  # SamplingParams' own range checks
                 raise ValueError(f"{where}: {e}") from e
-            specs.append(
-                RequestSpec(
-                    id=request_id(i),
-                    prompt_token_ids=encode_prompt(
-                        tokenizer, record["prompt"], chat=record.get("chat", cfg.chat)
-                    ),
-                    sampling=sampling,
-                    arrival=float(record.get("arrival", 0.0)),
-                    prompt=record["prompt"],
-                    priority=record.get("priority", 0),
-                )
-            )
-    if not specs:
+            records.append((record, sampling))
+    if not records:
         raise ValueError(f"workload.path: {path} holds no requests (every line is blank)")
-    return specs
+    return records
+
+
+def build_jsonl(cfg: JsonlWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """One request per non-blank line, ids in file order."""
+    return [
+        RequestSpec(
+            id=request_id(i),
+            prompt_token_ids=encode_prompt(
+                tokenizer, record["prompt"], chat=record.get("chat", cfg.chat)
+            ),
+            sampling=sampling,
+            arrival=float(record.get("arrival", 0.0)),
+            prompt=record["prompt"],
+            priority=record.get("priority", 0),
+        )
+        for i, (record, sampling) in enumerate(read_jsonl(cfg))
+    ]

@@ -72,15 +72,17 @@ def sample_arrivals(
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-def build_synthetic(
-    cfg: SyntheticWorkloadConfig, tokenizer: PreTrainedTokenizerBase
-) -> list[RequestSpec]:
-    """`num_requests` requests with sampled lengths (EOS ignored) and arrivals."""
+def _streams(cfg: SyntheticWorkloadConfig) -> list[np.random.Generator]:
+    """Independent generators for prompt lengths, output lengths, arrivals and text."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4)]
+
+
+def synthetic_shape(cfg: SyntheticWorkloadConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths, arrivals): every field checked, no tokenizer needed,
+    so a bad value (a rate of 0, say) is reported before any model loads."""
     require_at_least("num_requests", cfg.num_requests, 1)
     n = cfg.num_requests
-    prompt_rng, output_rng, arrival_rng, text_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(cfg.seed).spawn(4)
-    )
+    prompt_rng, output_rng, arrival_rng, _ = _streams(cfg)
     prompt_lens = sample_lengths(
         prompt_rng,
         n,
@@ -102,6 +104,15 @@ def build_synthetic(
         cv=cfg.output_len_cv,
     )
     arrivals = sample_arrivals(arrival_rng, n, process=cfg.arrival, rate=cfg.rate, cv=cfg.cv)
+    return prompt_lens, output_lens, arrivals
+
+
+def build_synthetic(
+    cfg: SyntheticWorkloadConfig, tokenizer: PreTrainedTokenizerBase
+) -> list[RequestSpec]:
+    """`num_requests` requests with sampled lengths (EOS ignored) and arrivals."""
+    prompt_lens, output_lens, arrivals = synthetic_shape(cfg)
+    text_rng = _streams(cfg)[3]
     prompts = exact_length_prompts(tokenizer, prompt_lens.tolist(), text_rng)
     return [
         RequestSpec(

@@ -92,8 +92,9 @@ def _clamp(count: int, cap: int | None) -> int:
     return max(1, count if cap is None else min(count, cap))
 
 
-def build_trace(cfg: TraceWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
-    """One request per row of the slice, ids in row order."""
+def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
+    """The slice's rows, every option checked (no tokenizer needed, so a missing file or a
+    malformed row is reported before any model loads)."""
     require_at_least("start", cfg.start, 0)
     if cfg.limit is not None:
         require_at_least("limit", cfg.limit, 1)
@@ -104,7 +105,21 @@ def build_trace(cfg: TraceWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
             require_at_least(name, cap, 1)
 
     # Relative to where the user launched the run, even if Hydra changed the working directory.
-    rows = read_trace(Path(to_absolute_path(cfg.path)), cfg.start, cfg.limit)
+    return read_trace(Path(to_absolute_path(cfg.path)), cfg.start, cfg.limit)
+
+
+def trace_sizes(cfg: TraceWorkloadConfig, rows: list[TraceRow]) -> list[int]:
+    """Each request's prompt + max_tokens after the caps: what the KV pool must hold."""
+    return [
+        _clamp(r.context_tokens, cfg.max_prompt_tokens)
+        + _clamp(r.generated_tokens, cfg.max_output_tokens)
+        for r in rows
+    ]
+
+
+def build_trace(cfg: TraceWorkloadConfig, tokenizer: PreTrainedTokenizerBase) -> list[RequestSpec]:
+    """One request per row of the slice, ids in row order."""
+    rows = trace_rows(cfg)
     t0 = min(row.time for row in rows)
     prompt_lens = [_clamp(row.context_tokens, cfg.max_prompt_tokens) for row in rows]
     prompts = exact_length_prompts(tokenizer, prompt_lens, np.random.default_rng(cfg.seed))

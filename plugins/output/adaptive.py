@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from framework.hookspecs import hookimpl
 from framework.policy import OutputPolicy, OutputView, PolicyConfig
+from plugins.output.deferred import keep_within
 
 
 @dataclass
@@ -55,9 +56,7 @@ class AdaptiveOutput(OutputPolicy):
             self.k = 0
         else:
             self.k = best_window(view.transfer_s, view.row_s, finish_rate(view), self.max_window)
-        if view.held_steps <= self.k:
-            return view.held_steps
-        return 1 if self.k >= 1 else 0
+        return keep_within(view.held_steps, self.k)
 
     def window(self) -> float:
         return float(self.k)

@@ -16,6 +16,14 @@ from framework.hookspecs import hookimpl
 from framework.policy import OutputPolicy, OutputView, PolicyConfig
 
 
+def keep_within(held_steps: int, k: int) -> int:
+    """Steps that may stay held under window k. Over the window the older steps come home
+    and the newest stays, so its readback never waits on a forward that may still run."""
+    if held_steps <= k:
+        return held_steps
+    return 1 if k >= 1 else 0
+
+
 @dataclass
 class DeferredConfig(PolicyConfig):
     window: int = II("window")  # the top-level `window=` override
@@ -29,11 +37,7 @@ class DeferredOutput(OutputPolicy):
         self.k = int(cfg.window)
 
     def keep(self, view: OutputView) -> int:
-        if view.held_steps <= self.k:
-            return view.held_steps
-        # Over the window: bring the older steps home; the newest stays, so its readback
-        # never waits on a forward that may still be running.
-        return 1 if self.k >= 1 else 0
+        return keep_within(view.held_steps, self.k)
 
     def window(self) -> float:
         return float(self.k)

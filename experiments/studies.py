@@ -1,0 +1,332 @@
+"""The classic studies as comparison tables: `python run.py +experiment=NAME`.
+
+Each experiment config (`conf/experiment/NAME.yaml`) is a Hydra multirun: its sweeper
+params list the policy combinations, and it adds `StudyReport` to `hydra.callbacks`. When
+the last job has finished, `StudyReport` reads every job's folder, checks that the runs it
+compares did the same work, and writes `NAME.md`, `NAME.csv` and `NAME.png` at the top of
+the sweep folder (the sweep's MLflow parent run uploads them). A finished sweep's table can
+be written again with `python -m experiments.studies NAME multirun/NAME/DATE`.
+
+A comparison refuses to compare different work: runs in one comparison group (same
+workload) must have produced the same tokens for the same requests (`outputs.jsonl`);
+otherwise `DifferentWork` names the runs and the first request that differs, and nothing
+is written.
+
+Counts (token slots, waste, occupancy, preemptions) hold on any machine; the seconds
+describe only the machine named in the table's heading.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from framework.plots import num, plot_bars, read_csv
+from framework.tracking import environment_tags
+
+
+class DifferentWork(RuntimeError):
+    """Two runs of one comparison group produced different tokens for a request."""
+
+
+@dataclass
+class RunRecord:
+    """What one finished job of a sweep left in its folder."""
+
+    folder: Path
+    config: DictConfig  # config.yaml: the resolved run config
+    metrics: dict[str, Any]
+    outputs: dict[str, list[int]]  # request id -> output token ids
+    requests: list[dict[str, str]]
+    steps: list[dict[str, str]]
+
+
+def load_run(folder: Path) -> RunRecord:
+    outputs = {}
+    for line in (folder / "outputs.jsonl").read_text().splitlines():
+        o = json.loads(line)
+        outputs[o["id"]] = o["output_token_ids"]
+    return RunRecord(
+        folder=folder,
+        config=OmegaConf.load(folder / "config.yaml"),
+        metrics=json.loads((folder / "metrics.json").read_text()),
+        outputs=outputs,
+        requests=read_csv(folder / "requests.csv"),
+        steps=read_csv(folder / "steps.csv"),
+    )
+
+
+def load_sweep(sweep_dir: Path) -> list[RunRecord]:
+    """Every job folder of a sweep (those with a `.hydra` folder), in job order. A job
+    without results (it failed) stops the study: a table with a hole would mislead."""
+    jobs = sorted(
+        (p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()),
+        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
+    )
+    missing = [p.name for p in jobs if not (p / "metrics.json").is_file()]
+    if missing or not jobs:
+        raise FileNotFoundError(
+            f"{sweep_dir}: jobs without results: {', '.join(missing) or 'no job folders at all'}"
+        )
+    return [load_run(p) for p in jobs]
+
+
+def check_same_work(runs: list[RunRecord], group: Callable[[RunRecord], Hashable]) -> None:
+    """Refuse (DifferentWork) unless the runs of each group produced the same tokens."""
+    first: dict[Hashable, RunRecord] = {}
+    for run in runs:
+        ref = first.setdefault(group(run), run)
+        if run.outputs == ref.outputs:
+            continue
+        ids = sorted(set(run.outputs) | set(ref.outputs))
+        diff = next(i for i in ids if run.outputs.get(i) != ref.outputs.get(i))
+        raise DifferentWork(
+            f"not comparing different work: {run.folder} and {ref.folder} produced different "
+            f"tokens for request {diff} ({len(run.outputs.get(diff, []))} vs "
+            f"{len(ref.outputs.get(diff, []))} tokens); no table written"
+        )
+
+
+# ---- derived columns ----------------------------------------------------------------------
+def peak_rows(run: RunRecord) -> int:
+    """The most requests that shared one forward: the admitted concurrency at its peak."""
+    return max((int(s["rows"]) for s in run.steps), default=0)
+
+
+def slo_met(run: RunRecord, ttft_s: float, tpot_s: float) -> list[bool]:
+    """Per finished request: time to first token <= ttft_s and time per output token
+    (after the first) <= tpot_s."""
+    met = []
+    for r in run.requests:
+        ttft, first, done = num(r["ttft_s"]), num(r["first_token_s"]), num(r["finished_s"])
+        if ttft is None or first is None or done is None:
+            continue
+        n = int(r["output_tokens"])
+        tpot = (done - first) / (n - 1) if n > 1 else 0.0
+        met.append(ttft <= ttft_s and tpot <= tpot_s)
+    return met
+
+
+def _metric(key: str) -> Callable[[RunRecord, dict[str, Any]], Any]:
+    return lambda run, p: run.metrics.get(key)
+
+
+def _field(path: str) -> Callable[[RunRecord, dict[str, Any]], Any]:
+    return lambda run, p: OmegaConf.select(run.config, path)
+
+
+def _workload_name(run: RunRecord, p: dict[str, Any]) -> str:
+    lens = list(run.config.workload.get("output_lens") or [])
+    names = {tuple(v): k for k, v in p.get("workloads", {}).items()}
+    return names.get(tuple(lens), str(lens))
+
+
+def _window(run: RunRecord, p: dict[str, Any]) -> Any:
+    return run.config.window if run.config.output.name == "deferred" else run.config.output.name
+
+
+def _slo_fraction(run: RunRecord, p: dict[str, Any]) -> float:
+    met = slo_met(run, p["ttft_slo_s"], p["tpot_slo_s"])
+    return sum(met) / len(met) if met else 0.0
+
+
+def _goodput(run: RunRecord, p: dict[str, Any]) -> float:
+    """Requests per second that met the SLO, over the run's makespan."""
+    makespan = run.metrics.get("makespan_s") or 0.0
+    return sum(slo_met(run, p["ttft_slo_s"], p["tpot_slo_s"])) / makespan if makespan else 0.0
+
+
+Column = tuple[str, Callable[[RunRecord, dict[str, Any]], Any]]
+
+
+def metrics(*keys: str) -> list[Column]:
+    return [(k, _metric(k)) for k in keys]
+
+
+@dataclass(frozen=True)
+class Study:
+    title: str
+    labels: list[Column]  # what varies between runs
+    columns: list[Column]  # what is measured
+    plot: list[str]  # the columns drawn, one panel each
+    group: Callable[[RunRecord], Hashable] = lambda run: "all"  # runs that must match
+    defaults: dict[str, Any] = field(default_factory=dict)  # parameters and their defaults
+    note: str = ""
+
+
+STUDIES: dict[str, Study] = {
+    "batching": Study(
+        title="Static against continuous batching",
+        labels=[("workload", _workload_name), ("scheduler", _field("scheduler.name"))],
+        columns=metrics(
+            "requests",
+            "steps",
+            "token_slots",
+            "tokens_kept",
+            "waste_fraction",
+            "occupancy",
+            "first_answer_s",
+            "e2e_mean_s",
+            "makespan_s",
+        ),
+        plot=["token_slots", "waste_fraction", "e2e_mean_s", "makespan_s"],
+        group=lambda run: tuple(run.config.workload.output_lens),
+        defaults={
+            "workloads": {
+                "straggler": [4, 4, 4, 4, 4, 4, 4, 32],
+                "spread": [5, 8, 6, 120, 7, 9, 6, 11],
+            }
+        },
+        note="token_slots: row-steps computed; waste: slots whose token nobody kept; "
+        "occupancy: tokens kept / (slots available x steps); first_answer_s: when the first "
+        "request finished; e2e_mean_s: mean request latency.",
+    ),
+    "allocation": Study(
+        title="Worst-case against incremental KV allocation, tight pool, with a queue",
+        labels=[("allocator", _field("allocator.name"))],
+        columns=[
+            *metrics("requests", "num_blocks", "peak_blocks", "steps", "occupancy"),
+            ("mean_rows", _metric("mean_rows")),
+            ("peak_rows", lambda run, p: peak_rows(run)),
+            *metrics("preemptions", "recomputed_tokens", "token_slots", "e2e_mean_s", "makespan_s"),
+        ],
+        plot=["mean_rows", "preemptions", "recomputed_tokens", "makespan_s"],
+        note="mean_rows / peak_rows: requests sharing a forward (admitted concurrency); "
+        "recomputed_tokens: tokens whose KV was dropped by a preemption and computed again.",
+    ),
+    "deferral": Study(
+        title="Deferred readback: the window sweep",
+        labels=[("window", _window)],
+        columns=metrics(
+            "requests",
+            "steps",
+            "transfers",
+            "transfers_per_step",
+            "overshoot_tokens",
+            "expected_overshoot",
+            "abandoned_tokens",
+            "waste_fraction",
+            "step_mean_s",
+            "makespan_s",
+        ),
+        plot=["transfers_per_step", "overshoot_tokens", "waste_fraction", "step_mean_s"],
+        note="overshoot: rows computed after their stop token, while it was still held on the "
+        "device; expected: the (k+1)/2 model. python -m experiments.window_sweep runs the "
+        "same sweep in one process, with the adaptive policy and per-phase times.",
+    ),
+    "trace": Study(
+        title="Azure conversation trace, open loop, every scheduler x allocator",
+        labels=[("scheduler", _field("scheduler.name")), ("allocator", _field("allocator.name"))],
+        columns=[
+            *metrics(
+                "requests_finished",
+                "preemptions",
+                "ttft_p50_s",
+                "ttft_p90_s",
+                "ttft_p99_s",
+                "tpot_p50_s",
+                "tpot_p90_s",
+                "tpot_p99_s",
+                "e2e_p50_s",
+                "e2e_p90_s",
+                "e2e_p99_s",
+            ),
+            ("slo_met", _slo_fraction),
+            ("goodput_rps", _goodput),
+            ("makespan_s", _metric("makespan_s")),
+        ],
+        plot=["ttft_p90_s", "tpot_p90_s", "e2e_p90_s", "goodput_rps"],
+        defaults={"ttft_slo_s": 2.0, "tpot_slo_s": 0.25},
+        note="slo_met: share of requests with TTFT <= {ttft_slo_s} s and TPOT <= {tpot_slo_s} s "
+        "(set hydra.callbacks.study.ttft_slo_s / tpot_slo_s); goodput_rps: those requests per "
+        "second of makespan.",
+    ),
+}
+
+
+# ---- the report ---------------------------------------------------------------------------
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def build_rows(study: Study, runs: list[RunRecord], params: dict[str, Any]) -> list[dict]:
+    check_same_work(runs, study.group)
+    return [{name: fn(run, params) for name, fn in study.labels + study.columns} for run in runs]
+
+
+def heading(runs: list[RunRecord]) -> str:
+    tags = environment_tags()
+    model = runs[0].config.model.source
+    return (
+        f"Measured {time.strftime('%Y-%m-%d')} on {tags['machine.cpu']} "
+        f"({tags['machine.cores']} cores, GPU: {tags['machine.gpu']}), model {model}, "
+        f"device {runs[0].config.device}, {runs[0].config.dtype}, commit "
+        f"{tags['git.commit'][:10]}. Counts hold on any machine; seconds describe only this one."
+    )
+
+
+def write_report(name: str, runs: list[RunRecord], params: dict[str, Any], out: Path) -> Path:
+    """`NAME.md`, `NAME.csv` and `NAME.png` in `out`; returns the Markdown file."""
+    study = STUDIES[name]
+    params = {**study.defaults, **params}
+    rows = build_rows(study, runs, params)
+    cols = list(rows[0])
+    with (out / f"{name}.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    table += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in rows]
+    note = study.note.format(**params)
+    text = f"## {study.title}\n\n{heading(runs)}\n\n" + "\n".join(table) + f"\n\n{note}\n"
+    md = out / f"{name}.md"
+    md.write_text(text)
+    for r in rows:
+        r["run"] = " / ".join(str(r[label]) for label, _ in study.labels)
+    plot_bars(rows, "run", study.plot, out / f"{name}.png", study.title)
+    return md
+
+
+class StudyReport(Callback):
+    """Hydra callback (`hydra.callbacks.study`): the study's table once the sweep is done.
+    Extra fields of the callback's config are the study's parameters (an SLO, say)."""
+
+    def __init__(self, name: str, **params: Any) -> None:
+        if name not in STUDIES:
+            raise ValueError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
+        self.name = name
+        self.params = params
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Hydra reports a callback's exception as a mere warning; a refusal must fail the
+        command, so it leaves as SystemExit, with its reason also written down in the sweep
+        folder (`NAME.refused.txt`, uploaded to the sweep's MLflow run)."""
+        sweep_dir = Path(config.hydra.sweep.dir)
+        params = OmegaConf.to_container(OmegaConf.create(self.params), resolve=True)
+        try:
+            md = write_report(self.name, load_sweep(sweep_dir), params, sweep_dir)
+        except (DifferentWork, FileNotFoundError) as exc:
+            (sweep_dir / f"{self.name}.refused.txt").write_text(f"{exc}\n")
+            raise SystemExit(f"study {self.name}: {exc}") from exc
+        print(md.read_text(), flush=True)
+        print(f"study {self.name}: {md}, .csv and .png", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: python -m experiments.studies NAME SWEEP_DIR")
+    study_name, folder = sys.argv[1], Path(sys.argv[2])
+    print(write_report(study_name, load_sweep(folder), {}, folder).read_text())

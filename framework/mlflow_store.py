@@ -1,0 +1,192 @@
+"""One MLflow tracking store, as the run observer and the sweep callback use it: a run opened
+and closed, params, metrics, series and files logged in batches.
+
+A store that cannot be reached, or fails half way, must not cost a run its results: the
+first failure is remembered as `broken` (with a one-line reason), every later call does
+nothing, and the caller says at the end that the run was not logged. With
+`mlflow.fatal=true` the failure is raised instead, as `TrackingError`.
+
+mlflow is imported on first use (two seconds or more), never at import.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from framework.tracking import tracking_uri
+
+T = TypeVar("T")
+PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
+METRICS_PER_BATCH = 1000
+MAX_PARAM_CHARS = 6000
+
+
+class TrackingError(RuntimeError):
+    """The tracking store failed and `mlflow.fatal=true` asked for the run to fail too."""
+
+
+def _reason(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _chunks(items: list[T], n: int) -> Iterable[list[T]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+class TrackingStore:
+    """A lazily connected `MlflowClient` for one experiment, failing softly (see module)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.uri = tracking_uri(settings)
+        self.experiment = str(settings.experiment)
+        self.fatal = bool(settings.fatal)
+        self.http_timeout_s = float(settings.http_timeout_s)
+        self.http_retries = int(settings.http_retries)
+        self.broken: str | None = None  # the first failure, once there was one
+        self._client: Any = None
+        self._experiment_id: str | None = None
+
+    # ---- failure policy ------------------------------------------------------------------
+    def attempt(self, what: str, fn: Callable[[], T]) -> T | None:
+        """`fn()`, or None once the store has failed (now or before)."""
+        if self.broken is not None:
+            return None
+        try:
+            return fn()
+        except Exception as exc:
+            self.broken = f"{what} at {self.uri} failed: {_reason(exc)}"
+            if self.fatal:
+                raise TrackingError(
+                    f"MLflow: {self.broken} (mlflow.fatal=true, so the run fails)"
+                ) from exc
+            return None
+
+    # ---- connection ----------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            # A dead server should cost seconds, not MLflow's minutes of retries; the user's
+            # own MLFLOW_HTTP_* settings win.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.http_timeout_s)))
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_retries))
+            from mlflow import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is None:
+                try:
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, artifact_location=self._artifact_location()
+                    )
+                except Exception:  # created meanwhile by a parallel job of the same sweep
+                    found = self.client.get_experiment_by_name(self.experiment)
+                    if found is None:
+                        raise
+            if found is not None:
+                self._experiment_id = found.experiment_id
+        return self._experiment_id
+
+    def _artifact_location(self) -> str | None:
+        """For a SQLite store, artifacts go beside the database file (`mlruns/NAME`), not
+        into whatever folder the first run happened to start in; a server decides its own."""
+        prefix = "sqlite:///"
+        if not self.uri.startswith(prefix) or self.uri == prefix + ":memory:":
+            return None
+        db = Path(self.uri[len(prefix) :]).resolve()
+        return (db.parent / "mlruns" / self.experiment).as_uri()
+
+    # ---- runs ----------------------------------------------------------------------------
+    def start_run(
+        self, name: str, tags: Mapping[str, str], parent: str | None = None
+    ) -> str | None:
+        """A new run (a child of `parent` when given); its id, or None if the store failed."""
+
+        def start() -> str:
+            all_tags = dict(tags)
+            if parent:
+                all_tags["mlflow.parentRunId"] = parent  # what makes MLflow nest it
+            run = self.client.create_run(self.experiment_id(), run_name=name, tags=all_tags)
+            return run.info.run_id
+
+        return self.attempt("starting the run", start)
+
+    def find_run(self, tag: str, value: str) -> tuple[str, dict[str, str]] | None:
+        """(run id, tags) of the newest run of this experiment with `tag == value`."""
+
+        def find() -> tuple[str, dict[str, str]] | None:
+            runs = self.client.search_runs(
+                [self.experiment_id()],
+                filter_string=f"tags.`{tag}` = '{value}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            return (runs[0].info.run_id, dict(runs[0].data.tags)) if runs else None
+
+        return self.attempt("finding the sweep's parent run", find) or None
+
+    def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        for chunk in _chunks(items, PARAMS_PER_BATCH):
+            self.attempt("logging params", lambda c=chunk: self.client.log_batch(run_id, params=c))
+
+    def log_metrics(
+        self, run_id: str, series: Iterable[tuple[str, float, int, int]], what: str = "metrics"
+    ) -> None:
+        """`(key, value, timestamp_ms, step)` rows, sent 1000 to a call."""
+        from mlflow.entities import Metric
+
+        items = [Metric(k, float(v), ts, step) for k, v, ts, step in series]
+        for chunk in _chunks(items, METRICS_PER_BATCH):
+            self.attempt(
+                f"logging {what}", lambda c=chunk: self.client.log_batch(run_id, metrics=c)
+            )
+
+    def log_summary(self, run_id: str, summary: Mapping[str, Any]) -> None:
+        """The numeric entries of a summary, at step 0 (None and text are skipped)."""
+        now = int(time.time() * 1000)
+        rows = [(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, int | float)]
+        self.log_metrics(run_id, rows, "the summary")
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:MAX_PARAM_CHARS]) for k, v in tags.items()]
+        for chunk in _chunks(items, PARAMS_PER_BATCH):
+            self.attempt("setting tags", lambda c=chunk: self.client.log_batch(run_id, tags=c))
+
+    def log_files(self, run_id: str, paths: Iterable[Path]) -> None:
+        """Each file at the artifact root, each folder as a folder of that name."""
+        for path in paths:
+            if path.is_dir():
+                self.attempt(
+                    f"uploading {path.name}/",
+                    lambda p=path: self.client.log_artifacts(run_id, str(p), p.name),
+                )
+            elif path.is_file():
+                self.attempt(
+                    f"uploading {path.name}",
+                    lambda p=path: self.client.log_artifact(run_id, str(p)),
+                )
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        """Close the run as FINISHED, FAILED or KILLED (Ctrl-C). After a failure half way,
+        one last try marks it FAILED, so the UI does not show it running for ever."""
+        if self.broken is None:
+            self.attempt("closing the run", lambda: self.client.set_terminated(run_id, status))
+            return
+        try:
+            self.client.set_terminated(run_id, "FAILED" if status == "FINISHED" else status)
+        except Exception:
+            pass  # the store is down: `broken` already says why

@@ -1,0 +1,136 @@
+"""MLflow observer: every run becomes an MLflow run, through the same hooks any plugin uses.
+
+- at the start (before the engine's clock starts, so it costs no measured time): the run,
+  nested under its sweep's parent run in a multirun, named after what it varied, tagged with
+  the git commit, the machine and the package versions, with the whole resolved config as
+  flat params (`scheduler.name`, `engine.block_size`, `workload.output_lens`, ...);
+- at each step: a few numbers kept in memory (no call to the store);
+- at the end: the summary of `metrics.json` as metrics under the same names, the per-step
+  series (`step.rows`, `step.blocks_in_use`, `step.waste_so_far`, `step.window`,
+  `step.waiting`) sent in batches of 1000, and every file of the run folder as artifacts;
+- when the run stops early (`on_run_abort`): what exists, and the status KILLED for Ctrl-C,
+  FAILED otherwise.
+
+A store that is down or fails half way costs the run nothing: it finishes, writes its local
+results, and this observer prints `MLflow: not logged: <reason>` (`mlflow.fatal=true` makes
+that an error instead). It runs after the other observers (`trylast`), so the plots they draw
+are in the folder when it uploads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from framework.hookspecs import hookimpl
+from framework.mlflow_store import TrackingStore
+from framework.tracking import (
+    PARENT_ENV,
+    HydraJob,
+    environment_tags,
+    flatten,
+    hydra_job,
+    run_name,
+)
+
+
+class MlflowLogger:
+    def __init__(self, cfg: Any) -> None:
+        self.store = TrackingStore(cfg.mlflow)
+        self.run_id: str | None = None
+        self.output_dir: Path | None = None
+        self.series: list[tuple[str, float, int, int]] = []
+        self._t0_ms = 0
+        self._rows = 0
+        self._kept = 0
+
+    # ---- hooks ---------------------------------------------------------------------------
+    @hookimpl
+    def on_run_start(self, run: Any) -> None:
+        self.output_dir = Path(run.output_dir)
+        job = hydra_job()
+        parent, swept = self._parent(job)
+        tags = {
+            **environment_tags(),
+            "mlflow.source.name": "run.py",
+            "nanoserve.kind": "job" if parent else "run",
+            "nanoserve.output_dir": str(self.output_dir.resolve()),
+        }
+        self.run_id = self.store.start_run(run_name(run.config, job, swept), tags, parent)
+        if self.run_id is not None:
+            resolved = OmegaConf.to_container(run.config, resolve=True)
+            params = flatten(resolved, skip=["mlflow"])  # a server URI may hold a password
+            if job is not None:
+                params.update({f"choice.{g}": v for g, v in job.choices.items()})
+            self.store.log_params(self.run_id, params)
+        self._t0_ms = int(time.time() * 1000)
+
+    @hookimpl
+    def on_step_end(self, stats: Any) -> None:
+        self._rows += stats.rows
+        self._kept += stats.tokens_kept
+        t = self._t0_ms + int(stats.time * 1000)
+        # waste so far = 1 - kept / computed rows: it ends equal to the summary's
+        # waste_fraction (tokens still held on the device count as waste until they land).
+        waste = 1.0 - self._kept / self._rows if self._rows else 0.0
+        self.series += [
+            ("step.rows", stats.rows, t, stats.step),
+            ("step.blocks_in_use", stats.blocks_in_use, t, stats.step),
+            ("step.waste_so_far", waste, t, stats.step),
+            ("step.window", stats.window, t, stats.step),
+            ("step.waiting", stats.waiting, t, stats.step),
+        ]
+
+    @hookimpl(trylast=True)
+    def on_run_end(self, run: Any, summary: dict[str, Any]) -> None:
+        self._finish(summary, "FINISHED", None)
+
+    @hookimpl(trylast=True)
+    def on_run_abort(self, run: Any, error: BaseException, summary: dict[str, Any]) -> None:
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        self._finish(summary, status, error)
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _parent(self, job: HydraJob | None) -> tuple[str | None, tuple[str, ...]]:
+        """The sweep's parent run and swept keys: from the environment the sweep callback set
+        (same process, joblib, SLURM), else by the sweep folder's tag (remote launchers)."""
+        if job is None or not job.multirun:
+            return None, ()
+        env = json.loads(os.environ.get(PARENT_ENV) or "{}")
+        if env.get("sweep_dir") == job.sweep_dir:
+            return env["run_id"], tuple(env["swept"])
+        found = self.store.find_run("nanoserve.sweep_dir", str(job.sweep_dir))
+        if found is None:
+            return None, ()
+        run_id, tags = found
+        return run_id, tuple(json.loads(tags.get("nanoserve.swept", "[]")))
+
+    def _finish(self, summary: dict[str, Any], status: str, error: BaseException | None) -> None:
+        if self.run_id is not None:
+            if error is not None:
+                self.store.set_tags(self.run_id, {"nanoserve.error": repr(error)})
+            self.store.log_summary(self.run_id, summary)
+            self.store.log_metrics(self.run_id, self.series, "the per-step series")
+            if self.output_dir is not None and self.output_dir.is_dir():
+                self.store.log_files(self.run_id, sorted(self.output_dir.iterdir()))
+            self.store.end_run(self.run_id, status)
+        if self.store.broken is not None:
+            where = f"; results are in {self.output_dir}" if self.output_dir else ""
+            print(f"MLflow: not logged: {self.store.broken}{where}", file=sys.stderr, flush=True)
+        elif self.run_id is not None:
+            print(
+                f"MLflow: logged run {self.run_id} ({status.lower()}) to {self.store.uri}, "
+                f"experiment {self.store.experiment!r}",
+                flush=True,
+            )
+
+
+@hookimpl
+def register_observers(register) -> None:  # type: ignore[no-untyped-def]
+    register("mlflow", MlflowLogger)

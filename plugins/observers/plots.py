@@ -1,0 +1,48 @@
+"""Plots observer: draws the run's slot timeline, KV blocks and latency CDFs into its run
+folder when it ends (or stops early), where the MLflow observer picks them up as artifacts.
+
+    python run.py 'observers=[console,plots]'
+
+Drawing happens after the engine's clock has stopped, so it never shows in a run's times.
+A drawing that fails is reported on one line and the run keeps its results.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from framework.hookspecs import hookimpl
+
+
+class PlotsObserver:
+    def __init__(self, cfg: Any) -> None:
+        self.output_dir: Path | None = None
+
+    @hookimpl
+    def on_run_start(self, run: Any) -> None:
+        self.output_dir = Path(run.output_dir)
+
+    @hookimpl
+    def on_run_end(self, run: Any, summary: dict[str, Any]) -> None:
+        self._draw()
+
+    @hookimpl
+    def on_run_abort(self, run: Any, error: BaseException, summary: dict[str, Any]) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if self.output_dir is None or not (self.output_dir / "steps.csv").is_file():
+            return  # stopped before anything was written: nothing to draw
+        from framework.plots import save_run_plots  # matplotlib: imported only when drawing
+
+        try:
+            save_run_plots(self.output_dir)
+        except Exception as exc:  # a picture is not worth a run's exit status
+            print(f"plots: not drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+@hookimpl
+def register_observers(register) -> None:  # type: ignore[no-untyped-def]
+    register("plots", PlotsObserver)

@@ -1,0 +1,54 @@
+"""Progress observer: a bar of finished requests inside a run, with the step count, on the
+terminal only (quiet when stderr is not a terminal: logs, CI, pipes).
+
+In a multirun started in one process the sweep's own bar of runs
+(`framework/sweep_progress.py`) stays above it: tqdm stacks the bars by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm import tqdm
+
+from framework.hookspecs import hookimpl
+
+
+class ProgressObserver:
+    def __init__(self, cfg: Any) -> None:
+        self.bar: tqdm | None = None
+
+    @hookimpl
+    def on_run_start(self, run: Any) -> None:
+        # disable=None: tqdm switches itself off when stderr is not a terminal.
+        self.bar = tqdm(
+            total=run.num_requests, desc="requests", unit="req", leave=False, disable=None
+        )
+
+    @hookimpl
+    def on_step_end(self, stats: Any) -> None:
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix(step=stats.step, rows=stats.rows, refresh=False)
+
+    @hookimpl
+    def on_request_finished(self, request: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    @hookimpl(tryfirst=True)  # gone before the other observers print their results
+    def on_run_end(self, run: Any, summary: dict[str, Any]) -> None:
+        self._close()
+
+    @hookimpl(tryfirst=True)
+    def on_run_abort(self, run: Any, error: BaseException, summary: dict[str, Any]) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@hookimpl
+def register_observers(register) -> None:  # type: ignore[no-untyped-def]
+    register("progress", ProgressObserver)

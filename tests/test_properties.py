@@ -1,0 +1,231 @@
+"""Properties of every run, on random workloads under random policies, pools and windows.
+
+For each example: a workload (prompt lengths, budgets, arrivals, stop tokens, greedy or
+seeded sampling, priorities), a policy combination (every scheduler x allocator x preemption
+x output, windows 0..16), a block size and a pool that fits the largest request. Then:
+- every request finishes (no livelock: the run ends within a step bound) with exactly the
+  tokens of the reference, static + worst_case + immediate on a big pool;
+- it is owed exactly those: `length` means max_tokens tokens, `stop` ends at the first stop;
+- deferred tokens = kept + overshoot + abandoned; no block leaks or has two owners (the
+  engine's own end check); no step holds more than the window;
+- no request is preempted more often than it got tokens (each admission yields a token
+  before the row can be preempted again), the progress guarantee.
+
+Stop tokens are drawn from the reference continuation, so they really fire. Seeded sampling
+draws token i of a request from (seed, i) alone, so it too is policy independent.
+
+`pytest tests/test_properties.py` runs the reproducible default profile (tests/conftest.py);
+`--hypothesis-profile=long` runs many more fresh examples.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from framework.app import build_engine
+from framework.engine import RunResult
+from framework.request import RequestSpec, SamplingParams
+from tests.helpers import check_same_greedy, make_cfg
+
+SCHEDULERS = ("static", "continuous", "priority", "sjf")
+ALLOCATORS = ("worst_case", "incremental")
+PREEMPTIONS = (
+    ("preemption=recompute", "preemption.victim=newest"),
+    ("preemption=recompute", "preemption.victim=oldest"),
+    ("preemption=recompute", "preemption.victim=most_blocks"),
+    ("preemption=priority",),
+)
+REFERENCE = ("scheduler=static", "allocator=worst_case", "output=immediate")
+
+
+@functools.cache
+def cfg_for(overrides: tuple[str, ...]) -> Any:
+    """Composing costs tens of milliseconds; examples repeat overrides often."""
+    return make_cfg("model=tiny", *overrides)
+
+
+class StepCap:
+    """The engine's hooks for these runs: fails a run that outlives its step bound (a
+    livelock or endless preemption) instead of hanging the test."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+
+    def on_step_end(self, stats: Any) -> None:
+        assert stats.step < self.cap, f"no progress: {self.cap} steps and still running"
+
+    def on_request_finished(self, request: Any) -> None:
+        pass
+
+
+def serve(tiny: Any, overrides: tuple[str, ...], specs: list[RequestSpec], cap: int) -> RunResult:
+    model, tok = tiny
+    engine = build_engine(
+        cfg_for(overrides), model, torch.device("cpu"), torch.float32, StepCap(cap)
+    )
+    return engine.run(specs, tok.eos_token_id)
+
+
+# ---- strategies ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A request before its stop token is known (that needs the reference's continuation)."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival: float
+    sampling: tuple[float, int, float]  # temperature, top_k, top_p (temperature 0: greedy)
+    seed: int
+    ignore_eos: bool
+    wants_stop: bool
+    priority: int
+
+    def spec(self, rid: str, stop: tuple[int, ...] = (), arrival: float | None = None):  # type: ignore[no-untyped-def]
+        temperature, top_k, top_p = self.sampling
+        return RequestSpec(
+            rid,
+            list(self.prompt),
+            SamplingParams(
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=self.seed,
+                max_tokens=self.max_tokens,
+                ignore_eos=self.ignore_eos,
+                stop_token_ids=stop,
+            ),
+            arrival=self.arrival if arrival is None else arrival,
+            priority=self.priority,
+        )
+
+
+def shapes(vocab: int) -> st.SearchStrategy[Shape]:
+    greedy = st.just((0.0, 0, 1.0))
+    sampled = st.tuples(
+        st.sampled_from([0.7, 1.0]), st.sampled_from([0, 20]), st.sampled_from([1.0, 0.9])
+    )
+    return st.builds(
+        Shape,
+        prompt=st.integers(1, 40).flatmap(
+            lambda n: st.lists(st.integers(3, vocab - 1), min_size=n, max_size=n).map(tuple)
+        ),
+        max_tokens=st.integers(1, 24),
+        # Mostly together (queues build); some a few milliseconds apart (open loop).
+        arrival=st.one_of(st.just(0.0), st.floats(0.0, 0.03)),
+        sampling=st.one_of(greedy, sampled),
+        seed=st.integers(0, 2**16),
+        ignore_eos=st.booleans(),
+        wants_stop=st.booleans(),
+        priority=st.integers(0, 2),
+    )
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[str, ...]:
+    output = draw(
+        st.one_of(
+            st.just(("output=immediate",)),
+            st.integers(0, 16).map(lambda k: ("output=deferred", f"window={k}")),
+            st.integers(0, 16).map(lambda k: ("output=adaptive", f"output.max_window={k}")),
+        )
+    )
+    return (
+        f"scheduler={draw(st.sampled_from(SCHEDULERS))}",
+        f"allocator={draw(st.sampled_from(ALLOCATORS))}",
+        *draw(st.sampled_from(PREEMPTIONS)),
+        *output,
+    )
+
+
+@st.composite
+def engines(draw: st.DrawFn, sizes: list[int]) -> tuple[str, ...]:
+    """Block size, a pool that fits the largest request (often exactly), and budgets."""
+    bs = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    need = max(-(-n // bs) for n in sizes)
+    blocks = need + draw(st.one_of(st.integers(0, 2), st.integers(0, 4 * need)))
+    seqs = draw(st.integers(1, 8))
+    tokens = draw(st.one_of(st.just(8192), st.integers(max(max(sizes), seqs), 2 * max(sizes))))
+    return (
+        f"engine.block_size={bs}",
+        f"engine.num_blocks={blocks}",
+        f"engine.max_num_seqs={seqs}",
+        f"engine.max_num_batched_tokens={tokens}",
+    )
+
+
+# ---- the property ----------------------------------------------------------------------------
+
+
+def step_bound(specs: list[RequestSpec]) -> int:
+    """Every step samples a token for some unfinished request, kept or overshoot (at most
+    the window, 16, per request): a run that needs more steps than this is not progressing.
+    Doubled, to leave the argument some slack."""
+    return 2 * (sum(s.sampling.max_tokens for s in specs) + 17 * len(specs)) + 10
+
+
+def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return tokens[: i + 1]
+    return tokens
+
+
+@given(data=st.data())
+def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: Any) -> None:
+    model, tok = tiny
+    workload = data.draw(st.lists(shapes(len(tok)), min_size=1, max_size=8), label="workload")
+
+    # The reference continuation, without stop tokens (arrivals do not change tokens).
+    base_specs = [w.spec(f"r{i}", arrival=0.0) for i, w in enumerate(workload)]
+    big = max(len(s.prompt_token_ids) + s.sampling.max_tokens for s in base_specs)
+    ref_over = (*REFERENCE, "engine.block_size=16", f"engine.num_blocks={len(base_specs) * big}")
+    base = {s.id: s.output_token_ids for s in serve(tiny, ref_over, base_specs, 10**6).seqs}
+
+    specs, expected = [], {}
+    for i, w in enumerate(workload):
+        rid = f"r{i}"
+        stop: tuple[int, ...] = ()
+        if w.wants_stop:
+            stop = (base[rid][data.draw(st.integers(0, len(base[rid]) - 1), label="stop at")],)
+        spec = w.spec(rid, stop)
+        specs.append(spec)
+        eos = {tok.eos_token_id} if not w.ignore_eos else set()
+        expected[rid] = cut_at_stop(base[rid], set(stop) | eos)
+
+    combo = data.draw(policies(), label="policies")
+    limits = data.draw(
+        engines([len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs]), label="engine"
+    )
+    note(f"python run.py model=tiny {' '.join(combo + limits)}")
+    res = serve(tiny, combo + limits, specs, step_bound(specs))  # the end check runs inside
+
+    s = res.summary
+    assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
+    assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
+    assert all(st_.held_steps <= st_.window for st_ in res.steps)
+    if "output=deferred" in combo:
+        window = int(combo[-1].split("=")[1])
+        assert max(st_.held_steps for st_ in res.steps) <= window
+    for seq in res.seqs:
+        out, want = seq.output_token_ids, expected[seq.id]
+        if seq.sampling.greedy:
+            if check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, out, want):
+                continue  # a genuine fp32 tie: the continuation after it may differ
+        else:
+            assert out == want, f"{seq.id}: seeded sampling gave other tokens"
+        stops = seq.stop_ids()
+        if seq.finish_reason == "length":
+            assert len(out) == seq.sampling.max_tokens and not stops & set(out)
+        else:
+            assert seq.finish_reason == "stop" and out[-1] in stops
+            assert not stops & set(out[:-1]), f"{seq.id} went past its first stop token"
+        assert seq.preemptions <= max(0, len(out) - 1), f"{seq.id} preempted without progress"
+    assert s["max_preemptions_per_request"] == max(q.preemptions for q in res.seqs)
