@@ -245,7 +245,7 @@ STUDIES: dict[str, Study] = {
             ("makespan_s", _metric("makespan_s")),
         ],
         plot=["ttft_p90_s", "tpot_p90_s", "e2e_p90_s", "goodput_rps"],
-        defaults={"ttft_slo_s": 2.0, "tpot_slo_s": 0.25},
+        defaults={"ttft_slo_s": 2.0, "tpot_slo_s": 0.3},
         note="slo_met: share of requests with TTFT <= {ttft_slo_s} s and TPOT <= {tpot_slo_s} s "
         "(set hydra.callbacks.study.ttft_slo_s / tpot_slo_s); goodput_rps: those requests per "
         "second of makespan.",
@@ -269,12 +269,14 @@ def build_rows(study: Study, runs: list[RunRecord], params: dict[str, Any]) -> l
 
 def heading(runs: list[RunRecord]) -> str:
     tags = environment_tags()
-    model = runs[0].config.model.source
+    cfg = runs[0].config
+    dirty = " with local changes" if tags["git.dirty"] == "true" else ""
     return (
         f"Measured {time.strftime('%Y-%m-%d')} on {tags['machine.cpu']} "
-        f"({tags['machine.cores']} cores, GPU: {tags['machine.gpu']}), model {model}, "
-        f"device {runs[0].config.device}, {runs[0].config.dtype}, commit "
-        f"{tags['git.commit'][:10]}. Counts hold on any machine; seconds describe only this one."
+        f"({tags['machine.cores']} cores, GPU: {tags['machine.gpu']}), model {cfg.model.source}, "
+        f"device {cfg.device}, {cfg.dtype}, threads {cfg.threads or 'default'}, commit "
+        f"{tags['git.commit'][:10]}{dirty}. Counts hold on any machine; seconds describe "
+        f"only this one."
     )
 
 

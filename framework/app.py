@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,8 @@ def abort(info: RunInfo, engine: Engine, tokenizer: Any, hooks: Any, error: Base
     except Exception as exc:
         log.exception("could not write the partial results of the stopped run")
         error.add_note(f"(the partial results could not be written: {exc!r})")
-        write_marker(info.output_dir, summary)
+        with contextlib.suppress(Exception):  # at least say that the run is incomplete
+            write_marker(info.output_dir, summary)
     try:
         hooks.on_run_abort(run=info, error=error, summary=summary)
     except Exception as exc:

@@ -13,7 +13,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.model_loader import TinySpec
-from framework.tracking import MlflowSettings
 
 
 @dataclass
@@ -61,7 +60,6 @@ class RunConfig:
     observers: list[str] = field(default_factory=lambda: ["console"])
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     print_outputs: bool = True
-    mlflow: MlflowSettings = field(default_factory=MlflowSettings)  # the MLflow observer's
 
 
 def register_configs() -> None:

@@ -11,6 +11,7 @@ mlflow is imported on first use (two seconds or more), never at import.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,6 +24,8 @@ T = TypeVar("T")
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
 METRICS_PER_BATCH = 1000
 MAX_PARAM_CHARS = 6000
+# MLflow's defaults (120 s per request, 7 retries with backoff) wait minutes for a dead server.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
 
 
 class TrackingError(RuntimeError):
@@ -43,11 +46,10 @@ class TrackingStore:
     """A lazily connected `MlflowClient` for one experiment, failing softly (see module)."""
 
     def __init__(self, settings: Any) -> None:
+        """`settings`: the run config's `mlflow` block (tracking_uri, experiment, fatal)."""
         self.uri = tracking_uri(settings)
         self.experiment = str(settings.experiment)
         self.fatal = bool(settings.fatal)
-        self.http_timeout_s = float(settings.http_timeout_s)
-        self.http_retries = int(settings.http_retries)
         self.broken: str | None = None  # the first failure, once there was one
         self._client: Any = None
         self._experiment_id: str | None = None
@@ -73,8 +75,8 @@ class TrackingStore:
         if self._client is None:
             # A dead server should cost seconds, not MLflow's minutes of retries; the user's
             # own MLFLOW_HTTP_* settings win.
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.http_timeout_s)))
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(self.http_retries))
+            for name, value in HTTP_DEFAULTS.items():
+                os.environ.setdefault(name, value)
             from mlflow import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri)
@@ -186,7 +188,5 @@ class TrackingStore:
         if self.broken is None:
             self.attempt("closing the run", lambda: self.client.set_terminated(run_id, status))
             return
-        try:
+        with contextlib.suppress(Exception):  # the store is down: `broken` says why
             self.client.set_terminated(run_id, "FAILED" if status == "FINISHED" else status)
-        except Exception:
-            pass  # the store is down: `broken` already says why

@@ -2,8 +2,8 @@
 
 The job count comes from the basic sweeper's own expansion of the sweep (see
 `framework.tracking.sweep_plan`); other sweepers get a bar without a total. The bar moves
-when a job ends in this process (the basic launcher); parallel launchers (joblib, SLURM,
-Ray) run jobs elsewhere and report through their own logs.
+when a job ends in this process, so it is shown for the basic launcher only; the others
+(joblib, SLURM, Ray) end jobs in other processes and report through their own logs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ class SweepProgress(Callback):
         return {"bar": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not str(config.hydra.launcher.get("_target_", "")).endswith("BasicLauncher"):
+            return  # the jobs end in other processes: this bar would never move
         plan = sweep_plan(config.hydra.overrides.task, config.hydra.sweeper)
         # disable=None: quiet when stderr is not a terminal.
         self.bar = tqdm(total=plan.jobs, desc="runs", unit="run", disable=None)

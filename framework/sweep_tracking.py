@@ -95,8 +95,7 @@ class SweepTracking(Callback):
             print(f"MLflow: sweep not logged: {self.store.broken}", file=sys.stderr, flush=True)
         else:
             print(
-                f"MLflow: sweep logged as run {self.run_id} ({status.lower()}) to "
-                f"{self.store.uri}",
+                f"MLflow: sweep logged as run {self.run_id} ({status.lower()}) to {self.store.uri}",
                 flush=True,
             )
         self.run_id = None

@@ -1,10 +1,10 @@
 """What an MLflow run records besides the numbers: where the store is, the config as flat
 params, the machine / git / package tags, and names that say what a run or sweep varied.
 
-Nothing here imports mlflow (that costs seconds), so the config schema below can sit in the
-run config and `python run.py --help` stays fast. The talking to MLflow is in
-`framework/mlflow_store.py`; the observer that logs a run is `plugins/observers/mlflow_logger.py`
-and the Hydra callback that makes a multirun one parent run is `framework/sweep_tracking.py`.
+Nothing here imports mlflow (that costs seconds), so `python run.py --help` stays fast.
+The talking to MLflow is in `framework/mlflow_store.py`; the observer that logs a run is
+`plugins/observers/mlflow_logger.py`, and the Hydra callback that makes a multirun one
+parent run is `framework/sweep_tracking.py`.
 """
 
 from __future__ import annotations
@@ -26,19 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nanoserve", "torch", "transformers", "hydra-core", "omegaconf", "mlflow", "numpy")
 
 
-@dataclass
-class MlflowSettings:
-    """The `mlflow:` block of the run config (`python run.py mlflow.experiment=mine ...`)."""
-
-    tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
-    experiment: str = "nanoserve"
-    fatal: bool = False  # true: a store that fails fails the run (default: warn, keep results)
-    http_timeout_s: float = 10.0  # per request to a tracking server (MLflow's default is 120)
-    http_retries: int = 1  # MLflow's default (7, with backoff) waits minutes for a dead server
-
-
 def tracking_uri(settings: Any) -> str:
-    """The config field wins, then `MLFLOW_TRACKING_URI`, then a SQLite file in the cwd."""
+    """Where runs go: the config's `mlflow.tracking_uri` (`MlflowConfig` in
+    framework/config.py) wins, then `MLFLOW_TRACKING_URI`, then a SQLite file in the cwd."""
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 

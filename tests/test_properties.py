@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hypothesis import given, note
+from hypothesis import given, note, target
 from hypothesis import strategies as st
 
 from framework.app import build_engine
@@ -150,7 +150,7 @@ def engines(draw: st.DrawFn, sizes: list[int]) -> tuple[str, ...]:
     """Block size, a pool that fits the largest request (often exactly), and budgets."""
     bs = draw(st.sampled_from([1, 2, 4, 8, 16]))
     need = max(-(-n // bs) for n in sizes)
-    blocks = need + draw(st.one_of(st.integers(0, 2), st.integers(0, 4 * need)))
+    blocks = need + draw(st.one_of(st.just(0), st.integers(0, 2), st.integers(0, 4 * need)))
     seqs = draw(st.integers(1, 8))
     tokens = draw(st.one_of(st.just(8192), st.integers(max(max(sizes), seqs), 2 * max(sizes))))
     return (
@@ -208,6 +208,9 @@ def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: An
     res = serve(tiny, combo + limits, specs, step_bound(specs))  # the end check runs inside
 
     s = res.summary
+    # Steer the search toward the hard cases: preemption, and rows computed past a stop.
+    target(float(s["preemptions"]), label="preemptions")
+    target(float(s["overshoot_tokens"]), label="overshoot")
     assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)

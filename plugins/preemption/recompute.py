@@ -35,8 +35,9 @@ class RecomputePreemption(Preemption):
         if self.victim == "newest":
             return [max(candidates, key=lambda s: s.admit_order)]
         if self.victim == "oldest":
-            # Never the only request: the oldest alone must always be able to finish.
-            return [min(candidates, key=lambda s: s.admit_order)] if len(candidates) > 1 else []
+            # Even the last unfinished row: in a static batch finished rows may hold the
+            # blocks it needs, and it is readmitted once the batch ends.
+            return [min(candidates, key=lambda s: s.admit_order)]
         return [max(candidates, key=lambda s: (len(s.block_table), s.admit_order))]
 
 

@@ -1,0 +1,363 @@
+"""Every run is an MLflow run: params, metrics, per-step series, artifacts and tags; a
+multirun is one parent run with a named child per job; a store that is down or fails half
+way never costs a run its results; the plots and the launcher configs.
+
+All runs log to a SQLite file in a temporary folder (never `mlflow.db` in the repo); one
+file per module, since creating one costs seconds of schema migrations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from mlflow import MlflowClient
+from omegaconf import OmegaConf
+
+from framework.hookspecs import hookimpl
+from framework.metrics import COUNT_KEYS
+from framework.observers import run_with_observers
+from framework.plots import PLOTS, assign_lanes, read_csv, request_spans
+from framework.registry import registry
+from framework.tracking import flatten, sweep_plan
+from tests.helpers import ROOT, make_cfg
+
+STRAGGLER = ["model=tiny", "workload=straggler", "scheduler=static", "engine.max_num_seqs=4"]
+# Twelve requests, eight rows, sixteen blocks: incremental allocation must preempt.
+TIGHT = [
+    "model=tiny",
+    "workload=fixed",
+    "workload.prompt_lens=[24,24,24,24,24,24]",
+    "workload.output_lens=[40,8,32,16,40,24]",
+    "engine.max_num_seqs=6",
+    "engine.num_blocks=10",
+    "engine.block_size=16",
+]
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def tracked(store_uri: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    return store_uri
+
+
+@pytest.fixture
+def loaded(tiny: tuple[Any, Any]) -> tuple[Any, ...]:
+    model, tok = tiny
+    return model, tok, torch.device("cpu"), torch.float32
+
+
+def runs_of(uri: str, experiment: str) -> list[Any]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment!r} in {uri}"
+    return client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def artifacts(uri: str, run_id: str) -> set[str]:
+    return {a.path for a in MlflowClient(uri).list_artifacts(run_id)}
+
+
+# ---- pieces --------------------------------------------------------------------------------
+def test_flatten_keeps_every_leaf_and_lists_whole() -> None:
+    cfg = OmegaConf.to_container(make_cfg(*STRAGGLER), resolve=True)
+    flat = flatten(cfg, skip=["mlflow"])
+    assert flat["scheduler.name"] == "static" and flat["engine.max_num_seqs"] == "4"
+    assert flat["workload.output_lens"] == "[4, 4, 4, 4, 4, 4, 4, 32]"
+    assert flat["model.tiny.num_hidden_layers"] == "2" and flat["dtype"] == "float32"
+    assert flat["seed"] == "0" and flat["workload.seed"] == "0"
+    assert not any(k.startswith("mlflow.") for k in flat)
+
+
+def test_sweep_plan_expands_like_the_basic_sweeper() -> None:
+    sweeper = {
+        "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+        "params": {"window": "0,1,2"},
+    }
+    plan = sweep_plan(["scheduler=static,continuous", "allocator=worst_case", "window=4"], sweeper)
+    assert plan.jobs == 2 and plan.swept == ("scheduler",)  # window=4 overrides the params
+    plan = sweep_plan(["scheduler=static,continuous", "+experiment=x"], sweeper)
+    assert plan.jobs == 6 and set(plan.swept) == {"window", "scheduler"}
+    assert "scheduler=static,continuous" in plan.sweeps
+    assert sweep_plan(["a=1,2"], {"_target_": "optuna.Sweeper"}).jobs is None
+
+
+# ---- one run -------------------------------------------------------------------------------
+def test_a_run_is_logged_whole(tracked: str, loaded: tuple[Any, ...], tmp_path: Path) -> None:
+    cfg = make_cfg(*STRAGGLER, "mlflow.experiment=single", "observers=[plots,mlflow]")
+    run_with_observers(cfg, tmp_path, loaded)
+    (run,) = runs_of(tracked, "single")
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "scheduler=static allocator=incremental preemption=recompute " + (
+        "output=immediate"
+    )
+    params = run.data.params
+    for key in (
+        "scheduler.name",
+        "allocator.name",
+        "output.name",
+        "window",
+        "model.source",
+        "dtype",
+        "device",
+        "workload.output_lens",
+        "seed",
+        "engine.block_size",
+    ):
+        assert key in params, key
+    assert params["scheduler.name"] == "static"
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    for key in COUNT_KEYS:
+        if isinstance(summary.get(key), int | float):
+            assert run.data.metrics[key] == pytest.approx(summary[key]), key
+    assert run.data.metrics["token_slots"] == 144 and "makespan_s" in run.data.metrics
+    client = MlflowClient(tracked)
+    steps = read_csv(tmp_path / "steps.csv")
+    for series in ("step.rows", "step.blocks_in_use", "step.waste_so_far", "step.window"):
+        history = client.get_metric_history(run.info.run_id, series)
+        assert sorted(m.step for m in history) == list(range(len(steps))), series
+    rows = sorted(client.get_metric_history(run.info.run_id, "step.rows"), key=lambda m: m.step)
+    assert [m.value for m in rows] == [float(s["rows"]) for s in steps]
+    waste = client.get_metric_history(run.info.run_id, "step.waste_so_far")
+    assert max(waste, key=lambda m: m.step).value == pytest.approx(summary["waste_fraction"])
+    files = {"config.yaml", "metrics.json", "requests.csv", "steps.csv", "outputs.jsonl", *PLOTS}
+    assert files <= artifacts(tracked, run.info.run_id)
+    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)  # beside the run too
+    tags = run.data.tags
+    for tag in (
+        "git.commit",
+        "machine.cpu",
+        "machine.cores",
+        "machine.gpu",
+        "version.torch",
+        "version.mlflow",
+        "version.nanoserve",
+    ):
+        assert tags.get(tag), tag
+    assert tags["machine.cores"] == str(os.cpu_count())
+
+
+@pytest.fixture
+def blocked(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SQLite URI that cannot be opened: its folder is a file (MLflow creates missing
+    folders, and tests may run as root, so a missing or read-only folder would not do)."""
+    file = tmp_path_factory.mktemp("blocked") / "not-a-folder"
+    file.write_text("")
+    return f"sqlite:///{file}/mlflow.db"
+
+
+@pytest.mark.parametrize("kind", ["sqlite-under-a-file", "closed-port"])
+def test_a_store_that_is_down_costs_the_run_nothing(
+    kind: str,
+    blocked: str,
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    uri = blocked if kind == "sqlite-under-a-file" else "http://127.0.0.1:9"
+    cfg = make_cfg(*STRAGGLER, f"mlflow.tracking_uri={uri}", "observers=[mlflow]")
+    run_with_observers(cfg, tmp_path, loaded)
+    assert json.loads((tmp_path / "metrics.json").read_text())["tokens_kept"] == 60
+    err = capsys.readouterr().err
+    assert "MLflow: not logged:" in err and str(tmp_path) in err, err
+
+
+def test_a_store_failing_half_way_costs_the_run_nothing(
+    tracked: str,
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def gone(*args: Any, **kwargs: Any) -> None:
+        raise OSError("artifact store unmounted")
+
+    monkeypatch.setattr(MlflowClient, "log_artifact", gone)
+    monkeypatch.setattr(MlflowClient, "log_artifacts", gone)
+    cfg = make_cfg(*STRAGGLER, "mlflow.experiment=halfway", "observers=[mlflow]")
+    run_with_observers(cfg, tmp_path, loaded)
+    assert (tmp_path / "metrics.json").is_file()
+    err = capsys.readouterr().err
+    assert "MLflow: not logged: uploading" in err and "artifact store unmounted" in err, err
+    (run,) = runs_of(tracked, "halfway")
+    assert run.info.status == "FAILED"  # not left "running" for ever
+
+
+def test_fatal_makes_a_failing_store_fail_the_run(
+    blocked: str, loaded: tuple[Any, ...], tmp_path: Path
+) -> None:
+    cfg = make_cfg(
+        *STRAGGLER,
+        f"mlflow.tracking_uri={blocked}",
+        "mlflow.fatal=true",
+        "observers=[mlflow]",
+    )
+    with pytest.raises(Exception, match=r"MLflow: starting the run .* failed"):
+        run_with_observers(cfg, tmp_path, loaded)
+
+
+class StopAt:
+    """Raises `error` at the end of step 3: a crash, or Ctrl-C."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @hookimpl
+    def on_step_end(self, stats: Any) -> None:
+        if stats.step == 3:
+            raise self.error
+
+
+@pytest.fixture
+def stop_at_step_3() -> Iterator[Callable[[BaseException], None]]:
+    """Installs a plugin that raises the given error at the end of step 3."""
+    installed: list[StopAt] = []
+
+    def install(error: BaseException) -> None:
+        installed.append(StopAt(error))
+        registry().pm.register(installed[-1], name="test:stop-at-3")
+
+    yield install
+    for plugin in installed:
+        registry().pm.unregister(plugin)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"), [(KeyboardInterrupt(), "KILLED"), (RuntimeError("boom"), "FAILED")]
+)
+def test_a_stopped_run_is_logged_as_killed_or_failed(
+    error: BaseException,
+    status: str,
+    tracked: str,
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    stop_at_step_3: Callable[[BaseException], None],
+) -> None:
+    stop_at_step_3(error)
+    experiment = f"abort-{status.lower()}"
+    cfg = make_cfg(*STRAGGLER, f"mlflow.experiment={experiment}", "observers=[mlflow]")
+    with pytest.raises(BaseException) as raised:
+        run_with_observers(cfg, tmp_path, loaded)
+    assert isinstance(raised.value, type(error)) or "boom" in str(raised.value)
+    (run,) = runs_of(tracked, experiment)
+    assert run.info.status == status
+    assert "metrics.json" in artifacts(tracked, run.info.run_id)
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert summary["incomplete"] and run.data.metrics["steps"] == summary["steps"] > 0
+
+
+# ---- a multirun ----------------------------------------------------------------------------
+def test_a_multirun_is_one_parent_with_a_child_per_job(store_uri: str, tmp_path: Path) -> None:
+    before = set(os.listdir(ROOT))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store_uri}
+    proc = subprocess.run(
+        [sys.executable, "run.py", "-m", "model=tiny", "workload=straggler",
+         "scheduler=static,continuous", "allocator=worst_case,incremental",
+         "mlflow.experiment=sweep", "observers=[mlflow]", f"hydra.sweep.dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = runs_of(store_uri, "sweep")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, [r.info.run_name for r in runs]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.info.run_name == (
+        "sweep: scheduler=static,continuous allocator=worst_case,incremental"
+    )
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(c.info.run_name for c in children) == sorted(
+        f"scheduler={s} allocator={a}"
+        for s in ("static", "continuous")
+        for a in ("worst_case", "incremental")
+    )
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert all(c.data.params["choice.workload"] == "straggler" for c in children)
+    assert "multirun.yaml" in artifacts(store_uri, parent.info.run_id)
+    assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
+
+
+# ---- plots and progress --------------------------------------------------------------------
+def test_the_slot_timeline_matches_the_engine_rows(
+    loaded: tuple[Any, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_with_observers(make_cfg(*TIGHT, "observers=[progress,plots]"), tmp_path, loaded)
+    steps = read_csv(tmp_path / "steps.csv")
+    requests = read_csv(tmp_path / "requests.csv")
+    assert sum(int(s["preempted"]) for s in steps) > 0  # the case worth drawing
+    placed = assign_lanes(request_spans(requests, [float(s["time"]) for s in steps]))
+    per_step = Counter(i for _, sp in placed for i in range(sp.start, sp.end + 1))
+    assert [per_step.get(i, 0) for i in range(len(steps))] == [int(s["rows"]) for s in steps]
+    assert max(lane for lane, _ in placed) < 6  # never more lanes than slots
+    assert sum(sp.preempted for _, sp in placed) == sum(int(s["preempted"]) for s in steps)
+    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)
+    assert "requests" not in capsys.readouterr().err  # no progress bar off a terminal
+
+
+# ---- launchers -----------------------------------------------------------------------------
+def compose_launcher(name: str) -> Any:
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose(
+            config_name="config",
+            overrides=[f"hydra/launcher={name}", "model=tiny"],
+            return_hydra_config=True,
+        )
+    return cfg.hydra.launcher
+
+
+def test_the_launcher_configs_compose() -> None:
+    joblib = compose_launcher("parallel")
+    assert joblib._target_.endswith("JoblibLauncher") and joblib.n_jobs == 2
+    slurm = compose_launcher("slurm")
+    assert slurm._target_.endswith("SlurmLauncher")
+    assert slurm.timeout_min == 60 and slurm.cpus_per_task == 4
+    assert str(slurm.submitit_folder).endswith(".submitit/%j")
+
+
+def test_the_ray_launcher_config_fits_the_plugin_schema() -> None:
+    """hydra-ray-launcher pulls in Ray (large) and is not installed by default: with it, the
+    config composes; without it, its body is checked against the plugin's schema
+    (`RayLauncherConf`: `_target_`, `ray.init`, `ray.remote`), written out here."""
+    try:
+        import hydra_plugins.hydra_ray_launcher  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        launcher = compose_launcher("ray_cluster")
+        assert launcher._target_.endswith("RayLauncher")
+        return
+    body = OmegaConf.load(ROOT / "conf" / "hydra" / "launcher" / "ray_cluster.yaml")
+    assert list(body.defaults) == ["ray", "_self_"]
+    del body["defaults"]
+    schema = OmegaConf.create(
+        {
+            "_target_": "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher",
+            "ray": {"init": {"address": None}, "remote": {}},
+        }
+    )
+    OmegaConf.set_struct(schema, True)  # fixed fields: `_target_`, `ray.init`, `ray.remote`
+    for free in (schema.ray.init, schema.ray.remote):  # Dict[str, Any] in the plugin
+        OmegaConf.set_struct(free, False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", "ray://head:10001")
+        merged = OmegaConf.merge(schema, body)  # an unknown top-level field would raise
+        resolved = OmegaConf.to_container(merged, resolve=True)
+    assert set(resolved) == {"_target_", "ray"} and set(resolved["ray"]) == {"init", "remote"}
+    assert resolved["ray"]["init"]["address"] == "ray://head:10001"
+    assert "MLFLOW_TRACKING_URI" in resolved["ray"]["init"]["runtime_env"]["env_vars"]
