@@ -46,7 +46,7 @@ def flatten(node: Any, prefix: str = "", skip: Iterable[str] = ()) -> dict[str, 
         elif isinstance(value, str):
             out[name] = value
         else:
-            out[name] = json.dumps(value)
+            out[name] = json.dumps(value, default=str)  # str(): anything JSON lacks
     return out
 
 

@@ -21,9 +21,11 @@ draws token i of a request from (seed, i) alone, so it too is policy independent
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, note, target
 from hypothesis import strategies as st
@@ -42,6 +44,16 @@ PREEMPTIONS = (
     ("preemption=priority",),
 )
 REFERENCE = ("scheduler=static", "allocator=worst_case", "output=immediate")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """The tiny model's matrices are too small to split: one thread is as fast, and it
+    avoids the collapse of spinning thread pools when other jobs share the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @functools.cache

@@ -8,6 +8,7 @@ file per module, since creating one costs seconds of schema migrations.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from framework.observers import run_with_observers
 from framework.plots import PLOTS, assign_lanes, read_csv, request_spans
 from framework.registry import registry
 from framework.tracking import flatten, sweep_plan
+from plugins.observers.mlflow_logger import MlflowLogger
 from tests.helpers import ROOT, make_cfg
 
 STRAGGLER = ["model=tiny", "workload=straggler", "scheduler=static", "engine.max_num_seqs=4"]
@@ -81,6 +84,17 @@ def test_flatten_keeps_every_leaf_and_lists_whole() -> None:
     assert flat["model.tiny.num_hidden_layers"] == "2" and flat["dtype"] == "float32"
     assert flat["seed"] == "0" and flat["workload.seed"] == "0"
     assert not any(k.startswith("mlflow.") for k in flat)
+
+
+class Key(enum.Enum):
+    max_tokens = "max_tokens"
+
+
+def test_params_name_a_plugins_enum_field() -> None:
+    """A plugin's config may hold an Enum (the example plugin's `scheduler.key`)."""
+    cfg = OmegaConf.create({"scheduler": {"name": "aged_sjf", "key": Key.max_tokens}})
+    params = MlflowLogger._params(SimpleNamespace(config=cfg), None)
+    assert params["scheduler.key"] == "max_tokens"
 
 
 def test_sweep_plan_expands_like_the_basic_sweeper() -> None:

@@ -64,11 +64,9 @@ class MlflowLogger:
         }
         self.run_id = self.store.start_run(run_name(run.config, job, swept), tags, parent)
         if self.run_id is not None:
-            resolved = OmegaConf.to_container(run.config, resolve=True)
-            params = flatten(resolved, skip=["mlflow"])  # a server URI may hold a password
-            if job is not None:
-                params.update({f"choice.{g}": v for g, v in job.choices.items()})
-            self.store.log_params(self.run_id, params)
+            params = self.store.attempt("reading the config", lambda: self._params(run, job))
+            if params is not None:
+                self.store.log_params(self.run_id, params)
         self._t0_ms = int(time.time() * 1000)
 
     @hookimpl
@@ -110,6 +108,15 @@ class MlflowLogger:
             return None, ()
         run_id, tags = found
         return run_id, tuple(json.loads(tags.get("nanoserve.swept", "[]")))
+
+    @staticmethod
+    def _params(run: Any, job: HydraJob | None) -> dict[str, str]:
+        """The resolved config as flat params (a plugin's Enum field as its name)."""
+        resolved = OmegaConf.to_container(run.config, resolve=True, enum_to_str=True)
+        params = flatten(resolved, skip=["mlflow"])  # a server URI may hold a password
+        if job is not None:
+            params.update({f"choice.{g}": v for g, v in job.choices.items()})
+        return params
 
     def _finish(self, summary: dict[str, Any], status: str, error: BaseException | None) -> None:
         if self.run_id is not None:
