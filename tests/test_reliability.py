@@ -395,16 +395,7 @@ def test_requests_that_can_never_run_are_rejected_and_the_rest_run(tmp_path: Pat
 # ---- progress --------------------------------------------------------------------------------
 
 
-OLDEST_BUG = pytest.mark.xfail(
-    strict=True,  # passes once plugins/preemption/recompute.py is fixed: drop this mark then
-    raises=PolicyError,
-    reason="recompute victim=oldest never names the only unfinished row: 'named no victim'",
-)
-
-
-@pytest.mark.parametrize(
-    "victim", ["newest", pytest.param("oldest", marks=OLDEST_BUG), "most_blocks"]
-)
+@pytest.mark.parametrize("victim", ["newest", "oldest", "most_blocks"])
 def test_static_batch_under_a_tight_pool_makes_progress(tiny: Any, victim: str) -> None:
     """A pool that fits the largest request must finish every request. In a static batch a
     finished row keeps its blocks, so the one row still growing may have to be preempted
