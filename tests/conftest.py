@@ -35,3 +35,13 @@ def tiny() -> tuple[Any, Any]:
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[Any, Any]:
     return load_model("smollm2", None, None, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_store(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Runs of the suite, CLI subprocesses included, log to a temporary MLflow store."""
+    mp = pytest.MonkeyPatch()
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    yield
+    mp.undo()
