@@ -23,6 +23,9 @@ class EngineConfig:
     num_blocks: int | None = None  # explicit pool size; None: size it from kv_memory_mb
     kv_memory_mb: float = 256.0
     check_invariants: bool = True
+    # CPU fp32: run Linear layers on weights prepacked for oneDNN (framework/packed_linear.py);
+    # false: PyTorch's stock linear, e.g. to measure what the packing buys.
+    packed_linears: bool = True
 
 
 @dataclass

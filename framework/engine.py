@@ -30,6 +30,7 @@ from framework.policy import (
     OutputView,
     PolicyError,
     Preemption,
+    QueueView,
     Scheduler,
 )
 from framework.readback import Pending, Readback
@@ -235,6 +236,7 @@ class Engine:
         batch = self._build()
         lap("build")
         result = self.executor.execute(batch)
+        phase["build"] += result.prepare_s  # host work, even though the executor does it
         phase["forward"] = result.forward_s
         phase["sample"] = result.sample_s
         t = time.perf_counter()
@@ -300,7 +302,7 @@ class Engine:
         return EngineView(
             now=self.now(),
             step=len(self.steps),
-            waiting=tuple(self.waiting),
+            waiting=QueueView(self.waiting),
             running=tuple(self.running),
             free_blocks=self.pool.num_free,
             block_size=self.pool.block_size,
@@ -416,11 +418,11 @@ class Engine:
         rows = len(self.running)
         tokens = sum(s.step_tokens for s in self.running)
         blocks = 0
-        waiting = set(map(id, self.waiting))
+        chosen: set[int] = set()  # by status, not by a scan: the queue may hold thousands
         for seq in admit:
-            if id(seq) not in waiting:
+            if seq.status is not Status.WAITING or id(seq) in chosen:
                 raise self._fail("scheduler", f"admitted {seq.id}, which is not waiting")
-            waiting.discard(id(seq))
+            chosen.add(id(seq))
             rows += 1
             tokens += seq.step_tokens
             blocks += self.p.allocator.blocks_to_admit(seq, self.pool.block_size)

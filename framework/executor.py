@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from framework.batch import StepBatch
 from framework.kv_cache import KVCache
+from framework.packed_linear import pack_linears, unpack_linears
 from framework.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
 from framework.sampler import sample
 
@@ -23,8 +24,9 @@ from framework.sampler import sample
 @dataclass
 class ExecResult:
     tokens: torch.Tensor  # [rows] sampled ids, still on the device
-    forward_s: float
+    forward_s: float  # the model call alone
     sample_s: float
+    prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)
 
 
 class Executor(Protocol):
@@ -34,11 +36,22 @@ class Executor(Protocol):
 class HFExecutor:
     """Runs a Hugging Face causal LM over one packed sequence with paged attention."""
 
-    def __init__(self, model: PreTrainedModel, cache: KVCache, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        cache: KVCache,
+        device: torch.device,
+        packed_linears: bool = True,
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = device
         model.set_attn_implementation(ATTN_NAME)
+        # The model object may be shared (tests, benchmarks): each engine states its own way.
+        if packed_linears:
+            pack_linears(model)  # a no-op off CPU fp32, and for layers already packed
+        else:
+            unpack_linears(model)
 
     def _paged(
         self, batch: StepBatch
@@ -96,8 +109,9 @@ class HFExecutor:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:
-        t0 = time.perf_counter()
+        t_prep = time.perf_counter()
         paged, input_ids, position_ids, keep = self._paged(batch)
+        t0 = time.perf_counter()
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -108,4 +122,9 @@ class HFExecutor:
         logits = out.logits[0]
         t1 = time.perf_counter()
         tokens = sample(logits.float(), batch.rows)
-        return ExecResult(tokens=tokens, forward_s=t1 - t0, sample_s=time.perf_counter() - t1)
+        return ExecResult(
+            tokens=tokens,
+            forward_s=t1 - t0,
+            sample_s=time.perf_counter() - t1,
+            prepare_s=t0 - t_prep,
+        )

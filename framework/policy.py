@@ -65,10 +65,11 @@ Versioning
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from framework.sequence import Sequence
 
@@ -84,6 +85,35 @@ class PolicyConfig:
     """Base of every policy's options. `name` is the registered name (the config choice)."""
 
     name: str = ""
+
+
+class QueueView(Seq["Sequence"]):
+    """A read-only view of the engine's waiting deque.
+
+    Made in O(1) each step, where a tuple copy would cost O(queue) every step and make the
+    schedule's cost grow with the backlog. Iterating is lazy; indexing near either end is
+    cheap (a deque's middle is O(n), as ever).
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: deque[Sequence]) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._queue)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Sequence]: ...
+    def __getitem__(self, index: int | slice) -> Sequence | list[Sequence]:
+        if isinstance(index, slice):
+            return list(self._queue)[index]
+        return self._queue[index]
 
 
 @dataclass(frozen=True)

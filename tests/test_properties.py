@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, note, target
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 from framework.app import build_engine
@@ -36,7 +36,8 @@ from framework.request import RequestSpec, SamplingParams
 from tests.helpers import check_same_greedy, make_cfg
 
 SCHEDULERS = ("static", "continuous", "priority", "sjf")
-ALLOCATORS = ("worst_case", "incremental")
+# Incremental twice as often: it is the allocator that runs dry mid-flight and preempts.
+ALLOCATORS = ("worst_case", "incremental", "incremental")
 PREEMPTIONS = (
     ("preemption=recompute", "preemption.victim=newest"),
     ("preemption=recompute", "preemption.victim=oldest"),
@@ -162,8 +163,10 @@ def engines(draw: st.DrawFn, sizes: list[int]) -> tuple[str, ...]:
     """Block size, a pool that fits the largest request (often exactly), and budgets."""
     bs = draw(st.sampled_from([1, 2, 4, 8, 16]))
     need = max(-(-n // bs) for n in sizes)
-    blocks = need + draw(st.one_of(st.just(0), st.integers(0, 2), st.integers(0, 4 * need)))
-    seqs = draw(st.integers(1, 8))
+    # Half the time exactly the largest request's need: the tightest pool that must work.
+    tight = st.one_of(st.just(0), st.just(0), st.integers(0, 2), st.integers(0, 4 * need))
+    blocks = need + draw(tight)
+    seqs = draw(st.one_of(st.integers(1, 8), st.integers(2, 4)))
     tokens = draw(st.one_of(st.just(8192), st.integers(max(max(sizes), seqs), 2 * max(sizes))))
     return (
         f"engine.block_size={bs}",
@@ -193,7 +196,9 @@ def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
 @given(data=st.data())
 def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: Any) -> None:
     model, tok = tiny
-    workload = data.draw(st.lists(shapes(len(tok)), min_size=1, max_size=8), label="workload")
+    # Mostly several requests at once (lists alone stay short): they are what competes.
+    size = data.draw(st.one_of(st.integers(1, 8), st.integers(4, 8)), label="requests")
+    workload = data.draw(st.lists(shapes(len(tok)), min_size=size, max_size=size), label="workload")
 
     # The reference continuation, without stop tokens (arrivals do not change tokens).
     base_specs = [w.spec(f"r{i}", arrival=0.0) for i, w in enumerate(workload)]
@@ -220,9 +225,6 @@ def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: An
     res = serve(tiny, combo + limits, specs, step_bound(specs))  # the end check runs inside
 
     s = res.summary
-    # Steer the search toward the hard cases: preemption, and rows computed past a stop.
-    target(float(s["preemptions"]), label="preemptions")
-    target(float(s["overshoot_tokens"]), label="overshoot")
     assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)

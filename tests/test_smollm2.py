@@ -47,7 +47,11 @@ def test_tight_pool_setting_preempts(smollm2, chat) -> None:
         for (s, a), b in product(
             product(["static", "continuous"], ["worst_case", "incremental"]), [None, 14]
         )
-        if not (b and a == "incremental" and s == "continuous")
+        # Under the 14-block pool, only the incremental allocator makes a different schedule
+        # (it preempts); worst-case reservation there just admits fewer rows at a time,
+        # which the tiny-model tests cover for every combination.
+        if not b or a == "incremental"
+        if not (b and s == "continuous")  # test_tight_pool_setting_preempts runs that one
     ],
 )
 def test_greedy_matches_hf_generate(smollm2, chat, scheduler, allocator, blocks) -> None:
@@ -90,8 +94,8 @@ def test_eos_stops_where_hf_stops(smollm2, chat) -> None:
 
 
 @pytest.mark.parametrize(
-    "output", ["window=1", "window=2", "window=4", "window=8", "window=16", "adaptive"]
-)
+    "output", ["window=2", "window=8", "adaptive"]
+)  # every window and combination runs on the tiny model (test_output_policies.py)
 def test_deferred_output_keeps_every_token(smollm2, chat, output) -> None:
     """Real EOS stops under deferral: the same text as immediate and as HF, with overshoot
     counted and the books balanced."""

@@ -34,7 +34,9 @@ def admit_in_order(
     Stops at the first request that does not fit rather than skipping ahead: skipping would
     starve a large request behind a stream of smaller ones that each happen to fit.
     """
-    queue = list(view.waiting) if key is None else sorted(view.waiting, key=key)
+    # In queue order, walk the queue lazily: the loop stops at the first misfit, so FCFS
+    # costs the same with ten or ten thousand waiting.
+    queue = view.waiting if key is None else sorted(view.waiting, key=key)
     rows = sum(1 for _ in view.running)
     tokens = view.step_tokens()
     free = view.free_blocks

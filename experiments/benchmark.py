@@ -1,0 +1,635 @@
+"""Benchmark: the same workload through nanoserve and Hugging Face's own serving paths.
+
+    python -m experiments.benchmark                            # SmolLM2, every combination
+    python -m experiments.benchmark --quick --out /tmp/bench   # tiny model, a minute or less
+    python -m experiments.benchmark --requests 16 --peers hf_cb --workloads azure_closed \\
+        --schedulers continuous,static engine.max_num_seqs=8
+
+Systems: nanoserve for each scheduler x allocator x output policy; `hf_static`
+(`model.generate` on left-padded static batches) and `hf_cb` (transformers' continuous
+batching), see `experiments/peers.py`. All greedy, EOS ignored (every request generates
+exactly its length), one loaded model, one dtype, one thread count, one process.
+
+Workloads: `straggler` (the preset: seven short requests and one long, all queued);
+`azure_closed`, the first `--requests` rows of the Azure conversation trace with their lengths
+scaled to `--max-prompt` / `--max-output` (`--fit clamp` clamps instead), all queued at t=0;
+`azure_open`, the same requests arriving as a seeded Poisson process at `--load` (0.9) times
+the capacity measured on the queued slice (the requests/s of nanoserve's reference run).
+
+Before any time is reported, each system's tokens are compared with those of nanoserve's
+reference run (continuous + incremental + immediate) under the tie rule of
+`framework/greedy_check.py`. A system that differs gets `outputs_equal=False` and no times.
+
+How to read the results (`benchmark.csv`, `benchmark.md` in `--out`): tokens/s and
+requests/s are over the wall time from the start to the last token; TTFT is first token minus
+arrival, TPOT the mean gap between a request's later tokens, both p50 / p99 over requests;
+`ratio_vs_*` divide a row's tokens/s by the peer's on the same workload. The host overhead is
+the share of a step that is neither the forward nor sampling, averaged over steps without a
+prefill row (the executor's building of block tables counts as host work, in `build`). The
+machine section compares decode steps with this machine's measured memory bandwidth and
+matmul rate (see `experiments/machine_probe.py`). Seconds describe this machine only, under
+its load at the time: run on a quiet machine before quoting them. Every run is logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import Progress
+
+from experiments.machine_probe import Probe, decode_steps, host_share, mean, probe
+from experiments.peers import Served, hf_cb, hf_static
+from framework.app import build_engine, check_before_loading, load, resolve_device
+from framework.config import register_configs
+from framework.greedy_check import compare_greedy
+from framework.mlflow_store import TrackingStore
+from framework.request import RequestSpec
+from framework.tracking import environment_tags, flatten
+from framework.workloads import build_workload
+from framework.workloads.synthetic import sample_arrivals
+from framework.workloads.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
+REFERENCE = ("continuous", "incremental", "immediate")
+PEERS = ("hf_static", "hf_cb")
+WORKLOADS = ("straggler", "azure_closed", "azure_open")
+COLUMNS = (
+    "system",
+    "scheduler",
+    "allocator",
+    "output",
+    "workload",
+    "requests",
+    "output_tokens",
+    "wall_s",
+    "tokens_per_s",
+    "requests_per_s",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "host_overhead_share",
+    "outputs_equal",
+    "ratio_vs_hf_static",
+    "ratio_vs_hf_cb",
+    "host_overhead_share_b8",
+    "ties",
+    "note",
+)
+TIMES = ("wall_s", "tokens_per_s", "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50")
+TIMES += ("tpot_p99", "host_overhead_share", "host_overhead_share_b8")
+TARGETS = {  # the issue's goals: name -> (goal, its test of the measured value, its unit)
+    "throughput vs hf_static, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+    "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+    "host overhead at batch 8": ("<= 5% of a step", lambda v: v <= 0.05, "%"),
+    "paged vs dense forward at batch 8": ("<= 1.1x", lambda v: v <= 1.1, "x"),
+    "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v: v <= 1.5, "x"),
+    "largest-batch throughput vs compute ceiling": (">= 60%", lambda v: v >= 0.6, "%"),
+}
+# Benchmark settings under the user's overrides: invariant checks are off (they are host
+# work that a serving engine would not do on every step).
+BASE = ["engine.check_invariants=false"]
+# Full-run sizes: the 16 nanoserve combinations x 3 workloads + peers stay near ten minutes
+# of SmolLM2 on two CPU cores (raise --requests / the caps for a longer, queued slice).
+FULL = {"requests": 24, "max_prompt": 128, "max_output": 32, "probe_mb": 512, "probe_batch": 64}
+FULL |= {"matmul_n": 2048, "probe_prompt": 64, "probe_steps": 16}
+QUICK = {"requests": 6, "max_prompt": 24, "max_output": 8, "probe_mb": 16}
+QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4}
+
+
+class NullHooks:
+    """The engine's hooks, doing nothing: no observer costs a measured step anything."""
+
+    def on_step_end(self, stats: Any) -> None:
+        pass
+
+    def on_request_finished(self, request: Any) -> None:
+        pass
+
+
+def compose_cfg(overrides: list[str]) -> DictConfig:
+    return _composed(tuple(overrides))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> DictConfig:
+    """Composed once per distinct override list (Hydra takes a good part of a second)."""
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+# ---- workloads ----------------------------------------------------------------------------
+def fit(lengths: list[int], cap: int, how: str) -> list[int]:
+    """Lengths brought under `cap`: `scale` multiplies all by cap / longest (the mix keeps
+    its proportions), `clamp` cuts only those above; at least 1 token each."""
+    longest = max(lengths)
+    if how == "scale" and longest > cap:
+        return [max(1, round(n * cap / longest)) for n in lengths]
+    return [max(1, min(n, cap)) for n in lengths]
+
+
+def fixed_specs(tok: Any, prompts: list[int], outputs: list[int], seed: int) -> list[RequestSpec]:
+    wl = {"kind": "fixed", "prompt_lens": prompts, "output_lens": outputs, "seed": seed}
+    return build_workload(wl, tok)
+
+
+def azure_specs(tok: Any, args: argparse.Namespace, seed: int) -> list[RequestSpec]:
+    rows = read_trace(Path(args.trace), 0, args.requests)
+    prompts = fit([r.context_tokens for r in rows], args.max_prompt, args.fit)
+    outputs = fit([r.generated_tokens for r in rows], args.max_output, args.fit)
+    return fixed_specs(tok, prompts, outputs, seed)
+
+
+def straggler_specs(ctx: Context) -> list[RequestSpec]:
+    cfg = compose_cfg([*ctx.overrides, "workload=straggler"])
+    return build_workload(OmegaConf.to_container(cfg.workload, resolve=True), ctx.tok)
+
+
+def open_loop(specs: list[RequestSpec], rate: float, seed: int) -> list[RequestSpec]:
+    """The same requests, arriving as a Poisson process of `rate` per second from t=0."""
+    arrivals = sample_arrivals(
+        np.random.default_rng(seed), len(specs), process="poisson", rate=rate, cv=1.0
+    )
+    return [dataclasses.replace(s, arrival=float(a)) for s, a in zip(specs, arrivals, strict=True)]
+
+
+# ---- systems ------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Context:
+    """What every run shares: the loaded model and the base config."""
+
+    cfg: DictConfig
+    overrides: list[str]
+    model: Any
+    tok: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def pad(self) -> int:
+        return self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+
+
+def combo_cfg(overrides: list[str], combo: tuple[str, str, str]) -> DictConfig:
+    scheduler, allocator, output = combo
+    return compose_cfg(
+        [*overrides, f"scheduler={scheduler}", f"allocator={allocator}", f"output={output}"]
+    )
+
+
+def run_nanoserve(ctx: Context, combo: tuple[str, str, str], specs: list[RequestSpec]) -> Served:
+    cfg = combo_cfg(ctx.overrides, combo)
+    engine = build_engine(cfg, ctx.model, ctx.device, ctx.dtype, NullHooks())
+    result = engine.run(specs, ctx.tok.eos_token_id)
+    done = [s for s in result.seqs if s.finished_at is not None]
+    return Served(
+        outputs={s.id: list(s.output_token_ids) for s in result.seqs},
+        arrival={s.id: s.arrival for s in result.seqs},
+        first={s.id: s.first_token_at for s in done if s.first_token_at is not None},
+        finish={s.id: s.finished_at for s in done},
+        wall_s=result.summary["makespan_s"],
+        steps=result.steps,
+    )
+
+
+def run_peer(ctx: Context, name: str, specs: list[RequestSpec]) -> Served:
+    e = ctx.cfg.engine
+    if name == "hf_static":
+        return hf_static(ctx.model, specs, e.max_num_seqs, ctx.pad)
+    return hf_cb(ctx.model, specs, e.max_num_seqs, e.max_num_batched_tokens, ctx.pad)
+
+
+def run_same(ctx: Context, args: argparse.Namespace, n: int) -> tuple[list[RequestSpec], Any]:
+    """`n` requests of the probe's prompt and output length through the reference engine,
+    with room for all `n` in one batch (the probe's largest batch may exceed the runs')."""
+    specs = fixed_specs(ctx.tok, [args.probe_prompt] * n, [args.probe_steps + 1] * n, 0)
+    per_row = -(-(args.probe_prompt + args.probe_steps + 1) // ctx.cfg.engine.block_size)
+    room = [f"engine.max_num_seqs={n}", f"engine.num_blocks={n * per_row}"]
+    wide = dataclasses.replace(ctx, overrides=[*ctx.overrides, *room])
+    return specs, run_nanoserve(wide, REFERENCE, specs).steps
+
+
+# ---- rows ---------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def check_outputs(
+    ctx: Context, specs: list[RequestSpec], served: Served, ref: Served
+) -> tuple[bool, int, str]:
+    """(equal under the tie rule, ties accepted, the first difference)."""
+    ties = 0
+    for s in specs:
+        ours = served.outputs.get(s.id)
+        if ours is None:
+            return False, ties, f"{s.id}: no output"
+        got = compare_greedy(ctx.model, s.prompt_token_ids, s.id, ours, ref.outputs[s.id])
+        if not got.equal:
+            return False, ties, got.reason
+        ties += got.divergence is not None
+    return True, ties, ""
+
+
+def measure(specs: list[RequestSpec], served: Served) -> dict[str, Any]:
+    """The time columns of a row, one formula for every system."""
+    tokens = sum(s.sampling.max_tokens for s in specs)
+    ids = [s.id for s in specs]
+    ttft = [served.first[i] - served.arrival[i] for i in ids if i in served.first]
+    tpot = [
+        (served.finish[i] - served.first[i]) / (len(served.outputs[i]) - 1)
+        for i in ids
+        if i in served.first and i in served.finish and len(served.outputs[i]) > 1
+    ]
+    wall = served.wall_s
+    decode = decode_steps(served.steps)
+    return {
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "requests_per_s": len(specs) / wall if wall > 0 else None,
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "tpot_p50": pct(tpot, 50),
+        "tpot_p99": pct(tpot, 99),
+        "host_overhead_share": mean([host_share(st) for st in decode]),
+        "host_overhead_share_b8": mean([host_share(st) for st in decode if st.rows == 8]),
+    }
+
+
+def make_row(
+    system: str,
+    combo: tuple[str, str, str] | None,
+    workload: str,
+    specs: list[RequestSpec],
+    checked: tuple[bool, int, str],
+    served: Served | None,
+) -> dict[str, Any]:
+    equal, ties, why = checked
+    row: dict[str, Any] = dict.fromkeys(COLUMNS, None)
+    scheduler, allocator, output = combo or ("", "", "")
+    row |= {"system": system, "scheduler": scheduler, "allocator": allocator, "output": output}
+    row |= {"workload": workload, "requests": len(specs), "outputs_equal": equal, "ties": ties}
+    row["output_tokens"] = sum(s.sampling.max_tokens for s in specs)
+    if equal and served is not None:
+        row |= measure(specs, served)
+    notes = [why, served.note if served else ""]
+    if equal and served is not None and system != "nanoserve" and not served.first:
+        notes.append("TTFT/TPOT not observable")
+    row["note"] = "; ".join(n for n in notes if n)
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's tokens/s over each peer's, on the same workload."""
+    for peer in PEERS:
+        base = {r["workload"]: r["tokens_per_s"] for r in rows if r["system"] == peer}
+        for r in rows:
+            b = base.get(r["workload"])
+            if b and r["tokens_per_s"]:
+                r[f"ratio_vs_{peer}"] = r["tokens_per_s"] / b
+
+
+def is_reference(row: dict[str, Any]) -> bool:
+    combo = (row["scheduler"], row["allocator"], row["output"])
+    return row["system"] == "nanoserve" and combo == REFERENCE
+
+
+# ---- the run ------------------------------------------------------------------------------
+def plan(args: argparse.Namespace) -> list[tuple[str, tuple[str, str, str] | None]]:
+    """(system, combo) per run of one workload, nanoserve's reference first."""
+    combos = [(s, a, o) for s in args.schedulers for a in args.allocators for o in args.outputs]
+    combos = [REFERENCE, *(c for c in combos if c != REFERENCE)]
+    return [("nanoserve", c) for c in combos] + [(p, None) for p in args.peers]
+
+
+def serve_workload(
+    ctx: Context,
+    args: argparse.Namespace,
+    workload: str,
+    specs: list[RequestSpec],
+    tick: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    rows, ref = [], None
+    for system, combo in plan(args):
+        label = f"{system} {'/'.join(combo)}" if combo else system
+        try:
+            served = run_nanoserve(ctx, combo, specs) if combo else run_peer(ctx, system, specs)
+            if ref is None:
+                ref = served
+            checked = check_outputs(ctx, specs, served, ref)
+        except Exception as exc:  # a peer that fails is a row that says so, not a crash
+            if ref is None:
+                raise
+            served, checked = None, (False, 0, f"failed: {type(exc).__name__}: {exc}")
+        rows.append(make_row(system, combo, workload, specs, checked, served))
+        r = rows[-1]
+        if not r["outputs_equal"]:
+            warn = f"WARNING {workload} {label}: outputs differ, no times: {r['note']}"
+            print(warn, file=sys.stderr, flush=True)
+        tick(f"{workload:13s} {label:45s} {fmt(r['tokens_per_s'])} tok/s")
+    return rows
+
+
+def benchmark(
+    args: argparse.Namespace, overrides: list[str]
+) -> tuple[list[dict[str, Any]], Probe | None, str]:
+    """Every row, the machine probe, and how the open-loop rate was chosen."""
+    cfg = compose_cfg(overrides)
+    for _, combo in plan(args):  # a misspelt policy fails now, not after the model loads
+        if combo:
+            check_before_loading(combo_cfg(overrides, combo))
+    torch.manual_seed(cfg.seed)
+    model, tok, device, dtype = load(cfg)
+    ctx = Context(cfg, overrides, model, tok, device, dtype)
+    total = len(args.workloads) * len(plan(args)) + int(not args.no_probe)
+    rows: list[dict[str, Any]] = []
+    machine, rate_note = None, ""
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("benchmark", total=total)
+
+        def tick(line: str) -> None:
+            bar.console.print(line)
+            bar.advance(task)
+
+        warm = fixed_specs(tok, [4, 6], [3, 3], cfg.seed)  # first calls, outside any clock
+        run_nanoserve(ctx, REFERENCE, warm)
+        hf_static(model, warm, 2, ctx.pad)
+        if not args.no_probe:
+            machine = probe(
+                model,
+                lambda n: run_same(ctx, args, n),
+                args.probe_batch or cfg.engine.max_num_seqs,
+                torch.get_num_threads(),
+                args.probe_mb,
+                args.matmul_n,
+            )
+            tick(f"machine: {machine.bandwidth_gbs:.3g} GB/s, {machine.matmul_gflops:.3g} GFLOP/s")
+        closed = azure_specs(tok, args, cfg.seed)
+        warmed = False
+        for workload in args.workloads:
+            if workload == "straggler":
+                specs = straggler_specs(ctx)
+            elif workload == "azure_closed":
+                specs = closed
+            else:
+                rate, rate_note = open_rate(ctx, args, rows, closed)
+                specs = open_loop(closed, rate, cfg.seed)
+            if workload == "straggler" or not warmed:
+                # Untimed, the shapes of this workload's steps once: oneDNN prepares each new
+                # input shape on first sight, which would otherwise fall on whichever system
+                # happens to run first (the reference) and skew its times and ratios.
+                run_nanoserve(ctx, REFERENCE, closed if workload != "straggler" else specs)
+                warmed = warmed or workload != "straggler"
+            rows += serve_workload(ctx, args, workload, specs, tick)
+    add_ratios(rows)
+    return rows, machine, rate_note
+
+
+def open_rate(
+    ctx: Context, args: argparse.Namespace, rows: list[dict[str, Any]], closed: list[RequestSpec]
+) -> tuple[float, str]:
+    """The open loop's arrival rate: `--rate`, else `--load` x the queued slice's capacity."""
+    if args.rate:
+        return args.rate, f"{args.rate:.4g} requests/s (--rate)"
+    found = [r for r in rows if r["workload"] == "azure_closed" and is_reference(r)]
+    capacity = found[0]["requests_per_s"] if found else None
+    if capacity is None:  # the queued slice was not run (or not timed): measure it now
+        served = run_nanoserve(ctx, REFERENCE, closed)
+        capacity = len(closed) / served.wall_s
+    rate = args.load * capacity
+    return rate, f"{rate:.4g} requests/s = {args.load} x {capacity:.4g} (queued-slice capacity)"
+
+
+# ---- report -------------------------------------------------------------------------------
+def fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def targets(rows: list[dict[str, Any]], machine: Probe | None) -> list[tuple[str, float | None]]:
+    """(target, measured value) for each of TARGETS; None: not measured in this run."""
+    ref = next((r for r in rows if r["workload"] == "azure_closed" and is_reference(r)), {})
+    m = machine
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    values = [
+        ref.get("ratio_vs_hf_static"),
+        ref.get("ratio_vs_hf_cb"),
+        m.host_share_b8 if m else None,
+        ratio(m.paged_b8_s, m.dense_b8_s) if m else None,
+        ratio(m.batch1_step_s, m.floor_s) if m else None,
+        ratio(m.largest_batch_tps, m.ceiling_tps) if m else None,
+    ]
+    return list(zip(TARGETS, values, strict=True))
+
+
+def target_lines(rows: list[dict[str, Any]], machine: Probe | None) -> list[str]:
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, value in targets(rows, machine):
+        goal, ok, unit = TARGETS[name]
+        shown = f"{value * 100:.3g}%" if unit == "%" and value is not None else f"{fmt(value)}x"
+        shown = "not measured" if value is None else shown
+        met = "n/a" if value is None else ("met" if ok(value) else "not met")
+        lines.append(f"| {name} | {shown} | {goal} | {met} |")
+    return lines
+
+
+def machine_lines(m: Probe | None) -> list[str]:
+    if m is None:
+        return ["(skipped: --no-probe)"]
+    b1 = m.batch1_step_s
+    paged = m.paged_b8_s and m.paged_b8_s * 1e3
+    dense = m.dense_b8_s and m.dense_b8_s * 1e3
+    stock = m.stock_b8_s and m.stock_b8_s * 1e3
+    items = [
+        ("threads", m.threads),
+        ("memory bandwidth (read), GB/s", m.bandwidth_gbs),
+        ("fp32 matmul, GFLOP/s", m.matmul_gflops),
+        ("decode weights, MB / parameters", f"{m.weight_bytes / 1e6:.4g} / {m.weight_params}"),
+        ("batch-1 decode step, ms", fmt(b1 and b1 * 1e3)),
+        ("bandwidth floor (weights / bandwidth), ms", m.floor_s * 1e3),
+        (f"batch-{m.largest_batch} decode, tokens/s", m.largest_batch_tps),
+        ("compute ceiling (matmul / 2 x parameters), tokens/s", m.ceiling_tps),
+        (
+            "batch-8 forward, ms: paged (engine) / dense (HF DynamicCache, engine's Linear)",
+            f"{fmt(paged)} / {fmt(dense)}",
+        ),
+        ("batch-8 forward of plain HF (dense, stock Linear), ms", fmt(stock)),
+        ("host overhead at batch 8, share of a step", m.host_share_b8),
+    ]
+    return ["| probe | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in items]
+
+
+def result_lines(rows: list[dict[str, Any]]) -> list[str]:
+    cols = [c for c in COLUMNS if c != "workload"]
+    lines: list[str] = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        lines += ["", f"### {workload}", "", "| " + " | ".join(cols) + " |"]
+        lines.append("|" + "---|" * len(cols))
+        lines += [
+            "| " + " | ".join(fmt(r[c]) for c in cols) + " |"
+            for r in rows
+            if r["workload"] == workload
+        ]
+    return lines
+
+
+def write(
+    out: Path,
+    rows: list[dict[str, Any]],
+    machine: Probe | None,
+    header: dict[str, str],
+) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        w.writerows(
+            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        )
+    lines = ["# nanoserve benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in header.items()]
+    lines += ["", "## Machine", "", *machine_lines(machine)]
+    lines += ["", "## Targets", "", *target_lines(rows, machine)]
+    lines += ["", "## Results", "", "Seconds; tokens/s and requests/s over the wall time."]
+    lines += result_lines(rows)
+    md_path.write_text("\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+def log_mlflow(
+    cfg: DictConfig, args: argparse.Namespace, files: tuple[Path, Path], metrics: dict[str, float]
+) -> None:
+    """One MLflow run: the settings as params, the headline numbers as metrics, the csv and
+    md as artifacts. A failing store costs nothing: the files are already written."""
+    store = TrackingStore(cfg.mlflow)
+    tags = {**environment_tags(), "mlflow.source.name": "experiments/benchmark.py"}
+    run_id = store.start_run("benchmark", tags | {"nanoserve.kind": "benchmark"})
+    if run_id is not None:
+        params = flatten(OmegaConf.to_container(cfg, resolve=True), skip=["mlflow", "workload"])
+        params |= {f"benchmark.{k}": str(v) for k, v in vars(args).items()}
+        store.log_params(run_id, params)
+        store.log_summary(run_id, metrics)
+        store.log_files(run_id, files)
+        store.end_run(run_id)
+    if store.broken is not None:
+        where = f"results are in {files[0].parent}"
+        print(f"MLflow: not logged: {store.broken}; {where}", file=sys.stderr)
+    else:
+        print(f"MLflow: logged run {run_id} to {store.uri}")
+
+
+def headline(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str, float]:
+    named = targets(rows, machine)
+    out = {k.replace(" ", "_").replace(",", ""): v for k, v in named if v is not None}
+    for r in rows:
+        name = "/".join(x for x in (r["system"], r["scheduler"], r["allocator"], r["output"]) if x)
+        if r["tokens_per_s"] is not None:
+            out[f"{r['workload']}/{name}/tokens_per_s"] = r["tokens_per_s"]
+    if machine is not None:
+        out |= {k: v for k, v in dataclasses.asdict(machine).items() if v is not None}
+    return out
+
+
+# ---- command line -------------------------------------------------------------------------
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+
+    def names(allowed: tuple[str, ...] | None) -> Callable[[str], list[str]]:
+        def split(text: str) -> list[str]:
+            got = [x for x in text.split(",") if x]
+            bad = [x for x in got if allowed and x not in allowed]
+            if bad:
+                raise argparse.ArgumentTypeError(f"{bad[0]!r}: choose from {', '.join(allowed)}")
+            return got
+
+        return split
+
+    ap.add_argument("--schedulers", type=names(None), default="static,continuous,sjf,priority")
+    ap.add_argument("--allocators", type=names(None), default="worst_case,incremental")
+    ap.add_argument("--outputs", type=names(None), default="immediate,deferred")
+    ap.add_argument("--workloads", type=names(WORKLOADS), default=",".join(WORKLOADS))
+    ap.add_argument("--peers", type=names(PEERS), default=",".join(PEERS), help="'' for none")
+    ap.add_argument("--requests", type=int, help="Azure slice: first N rows (24; quick 6)")
+    ap.add_argument("--max-prompt", type=int, help="prompt tokens cap (128; quick 24)")
+    ap.add_argument("--max-output", type=int, help="output tokens cap (32; quick 8)")
+    ap.add_argument("--fit", choices=("scale", "clamp"), default="scale")
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--load", type=float, default=0.9, help="open loop: share of capacity")
+    ap.add_argument("--rate", type=float, default=None, help="open loop: requests/s (fixed)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--quick", action="store_true", help="tiny model and tiny sizes")
+    ap.add_argument("--no-probe", action="store_true", help="skip the machine section")
+    ap.add_argument(
+        "--probe-batch",
+        type=int,
+        help="rows of the largest-batch probe (64; quick: engine.max_num_seqs)",
+    )
+    for name in ("probe_mb", "matmul_n", "probe_prompt", "probe_steps"):
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run config")
+    args = ap.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse(argv)
+    overrides = [*BASE, *(["model=tiny"] if args.quick else []), *args.overrides]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or compose_cfg(overrides).threads or threads)
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]  # other jobs skew every time
+    try:
+        rows, machine, rate_note = benchmark(args, overrides)
+        threads_used = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process keeps its setting
+    cfg = compose_cfg(overrides)
+    command = " ".join(
+        ["python -m experiments.benchmark", *(sys.argv[1:] if argv is None else argv)]
+    )
+    header = {
+        "command": f"`{command}`",
+        "model": f"{cfg.model.source}, {cfg.dtype}, {resolve_device(cfg.device)}, "
+        f"{threads_used} threads",
+        "engine": f"max_num_seqs {cfg.engine.max_num_seqs}, block_size {cfg.engine.block_size}",
+        "reference": "nanoserve " + "/".join(REFERENCE) + " (outputs and capacity)",
+        "open-loop rate": rate_note or "(not run)",
+        "machine": f"{environment_tags()['machine.cpu']}, {os.cpu_count()} cores, load "
+        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "benchmark wall time": f"{time.perf_counter() - t0:.1f} s",
+    }
+    files = write(args.out, rows, machine, header)
+    print(files[1].read_text())
+    log_mlflow(cfg, args, files, headline(rows, machine))
+    print(f"results in {args.out}")
+    return args.out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""What this machine can do, measured in the benchmark's own process and thread count, and
+how close the engine's decode steps come to it.
+
+- memory bandwidth: the best of a few timed reductions (`sum`) over a large fp32 tensor,
+  in GB/s read: a decode step at batch 1 must read every weight once, so
+  floor = weight bytes / bandwidth is the fastest a batch-1 step can be;
+- matmul rate: the best of a few square fp32 matmuls, in GFLOP/s: a token costs about
+  2 x (weights) FLOPs, so ceiling = rate / (2 x weights) tokens/s bounds any batch;
+- the engine's decode steps: one request (batch 1, whole step: host work included), the
+  largest batch (`max_num_seqs` identical requests, tokens/s over the steps where every row
+  decodes), and batch 8, whose steps give the host overhead at batch 8 and the paged forward
+  that is compared with a dense Hugging Face forward (DynamicCache, sdpa) over the same
+  prompts and contexts.
+
+"Weights" counts every matrix a decode step multiplies: all parameters, less the input
+embedding unless it is tied to the output head (a lookup reads one row of it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from experiments.peers import sdpa_attention
+from framework.metrics import StepStats
+from framework.request import RequestSpec
+
+
+@dataclass
+class Probe:
+    """The machine section of the benchmark (seconds, GB/s, GFLOP/s, tokens/s)."""
+
+    threads: int
+    bandwidth_gbs: float
+    matmul_gflops: float
+    weight_bytes: int
+    weight_params: int
+    floor_s: float  # weight bytes / bandwidth
+    batch1_step_s: float | None
+    ceiling_tps: float  # matmul rate / (2 x weight params)
+    largest_batch: int
+    largest_batch_tps: float | None
+    host_share_b8: float | None
+    paged_b8_s: float | None
+    dense_b8_s: float | None  # dense attention, the engine's Linear layers
+    stock_b8_s: float | None  # plain Hugging Face: dense attention, PyTorch's stock Linear
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    """The fastest of `repeats` timed calls, after one untimed call (warm caches, pools)."""
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def memory_bandwidth(mb: int, repeats: int, device: torch.device) -> float:
+    """GB/s read by a reduction over `mb` MiB of fp32."""
+    x = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
+    s = best_time(lambda: x.sum(), repeats, device)
+    return x.numel() * 4 / s / 1e9
+
+
+def matmul_rate(n: int, repeats: int, device: torch.device) -> float:
+    """GFLOP/s of an `n` x `n` fp32 matmul (2 n^3 FLOPs): the faster of PyTorch's stock
+    matmul and, on a CPU with oneDNN, oneDNN's linear on a prepacked weight (the kernel the
+    engine runs, framework/packed_linear.py), so the ceiling is the machine's, not one
+    library's."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    s = best_time(lambda: a @ b, repeats, device)
+    if device.type == "cpu" and torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
+        linear = torch.ops.mkldnn._linear_pointwise
+        s = min(s, best_time(lambda: linear(a, packed, None, "none", [], ""), repeats, device))
+    return 2 * n**3 / s / 1e9
+
+
+def decode_weights(model: Any) -> tuple[int, int]:
+    """(bytes, parameters) of the weights one decode step multiplies (see the module)."""
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    size = sum(p.numel() * p.element_size() for p in params)
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is None or head.weight is not embed:
+        n -= embed.numel()
+        size -= embed.numel() * embed.element_size()
+    return size, n
+
+
+def step_wall(st: StepStats) -> float:
+    """A step's whole time: every phase, host work included."""
+    return sum(st.phase_s.values())
+
+
+def host_share(st: StepStats) -> float:
+    """The share of a step that is not the model forward or sampling."""
+    wall = step_wall(st)
+    work = st.phase_s.get("forward", 0.0) + st.phase_s.get("sample", 0.0)
+    return (wall - work) / wall if wall > 0 else 0.0
+
+
+def decode_steps(steps: list[StepStats], rows: int | None = None) -> list[StepStats]:
+    """Steps without a prefill row (and with exactly `rows` rows, when given)."""
+    return [
+        st
+        for st in steps
+        if st.prefill_rows == 0 and st.rows > 0 and (rows is None or st.rows == rows)
+    ]
+
+
+def median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+@torch.inference_mode()
+def dense_decode_s(model: Any, prompts: list[list[int]], steps: int, stock: bool) -> float | None:
+    """Median seconds of one dense Hugging Face decode forward (DynamicCache, sdpa) over
+    equal-length prompts, greedy, for `steps` steps after the prefill. `stock`: with
+    PyTorch's own Linear (plain Hugging Face); otherwise with the Linear layers as the engine
+    runs them, so that the comparison isolates paged against dense attention."""
+    with sdpa_attention(model, stock_linear=stock):
+        ids = torch.tensor(prompts, device=model.device)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        times = []
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            _sync(model.device)
+            t = time.perf_counter()
+            out = model(input_ids=nxt, cache=cache, use_cache=True)
+            _sync(model.device)
+            times.append(time.perf_counter() - t)
+    return median(times)
+
+
+def probe(
+    model: Any,
+    run_same: Callable[[int], tuple[list[RequestSpec], list[StepStats]]],
+    max_batch: int,
+    threads: int,
+    mb: int,
+    matmul_n: int,
+    repeats: int = 5,
+) -> Probe:
+    """The machine section. `run_same(n)` serves `n` identical-length requests through the
+    engine and returns (requests, steps)."""
+    device = model.device
+    bandwidth = memory_bandwidth(mb, repeats, device)
+    gflops = matmul_rate(matmul_n, repeats, device)
+    size, n = decode_weights(model)
+    _, one = run_same(1)
+    _, big = run_same(max_batch)
+    specs8, eight = run_same(8)
+    b1 = median([step_wall(st) for st in decode_steps(one, 1)])
+    full = decode_steps(big, max_batch)
+    big_tps = median([max_batch / step_wall(st) for st in full])
+    at8 = decode_steps(eight, 8)
+    prompts8 = [s.prompt_token_ids for s in specs8]
+    dense = dense_decode_s(model, prompts8, len(at8), stock=False)
+    stock = dense_decode_s(model, prompts8, len(at8), stock=True)
+    return Probe(
+        threads=threads,
+        bandwidth_gbs=bandwidth,
+        matmul_gflops=gflops,
+        weight_bytes=size,
+        weight_params=n,
+        floor_s=size / (bandwidth * 1e9),
+        batch1_step_s=b1,
+        ceiling_tps=gflops * 1e9 / (2 * n),
+        largest_batch=max_batch,
+        largest_batch_tps=big_tps,
+        host_share_b8=mean([host_share(st) for st in at8]),
+        paged_b8_s=median([st.phase_s.get("forward", 0.0) for st in at8]),
+        dense_b8_s=dense,
+        stock_b8_s=stock,
+    )

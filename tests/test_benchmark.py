@@ -1,0 +1,85 @@
+"""The benchmark runs end to end on the tiny model and writes every column and target it
+promises. Its numbers are measured by running it, never asserted here."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+
+import pytest
+
+from experiments import benchmark
+from experiments.peers import Served
+from framework.request import RequestSpec, SamplingParams
+
+
+def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = benchmark.main(
+        [
+            "--quick",
+            "--schedulers",
+            "static,continuous",
+            "--allocators",
+            "incremental",
+            "--outputs",
+            "immediate",
+            "--requests",
+            "4",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    with (out / "benchmark.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == list(benchmark.COLUMNS)
+    systems = [
+        ("nanoserve", "continuous", "incremental", "immediate"),  # the reference, first
+        ("nanoserve", "static", "incremental", "immediate"),
+        ("hf_static", "", "", ""),
+        ("hf_cb", "", "", ""),
+    ]
+    got = [
+        ((r["system"], r["scheduler"], r["allocator"], r["output"]), r["workload"]) for r in rows
+    ]
+    assert sorted(got) == sorted(itertools.product(systems, benchmark.WORKLOADS))
+    for r in rows:
+        assert r["outputs_equal"] == "True", r
+        assert r["tokens_per_s"] and r["ttft_p50"], r  # reported (values not checked)
+        assert r["ratio_vs_hf_static"] and r["ratio_vs_hf_cb"], r
+    assert all(r["host_overhead_share"] for r in rows if r["system"] == "nanoserve")
+
+    md = (out / "benchmark.md").read_text()
+    for name in benchmark.TARGETS:
+        assert f"| {name} | " in md, name
+    for section in ("## Machine", "## Targets", "### straggler", "### azure_closed"):
+        assert section in md
+    assert "not measured" not in md
+    assert "MLflow: logged run" in capsys.readouterr().out
+
+
+def test_lengths_fit_the_caps() -> None:
+    assert benchmark.fit([100, 50, 400], 40, "scale") == [10, 5, 40]
+    assert benchmark.fit([100, 50, 400], 40, "clamp") == [40, 40, 40]
+    assert benchmark.fit([3, 0], 40, "scale") == [3, 1]
+
+
+def test_open_loop_keeps_requests_and_spreads_arrivals() -> None:
+    specs = [RequestSpec(f"r{i}", [1, 2], SamplingParams(max_tokens=3)) for i in range(20)]
+    arrived = benchmark.open_loop(specs, rate=5.0, seed=0)
+    assert [s.id for s in arrived] == [s.id for s in specs]
+    times = [s.arrival for s in arrived]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] > 0
+    assert arrived == benchmark.open_loop(specs, rate=5.0, seed=0)
+
+
+def test_a_system_that_differs_reports_no_times() -> None:
+    specs = [RequestSpec("r0", [1, 2], SamplingParams(max_tokens=2))]
+    served = Served({"r0": [5, 6]}, {"r0": 0.0}, {"r0": 0.1}, {"r0": 0.2}, wall_s=0.2)
+    why = "r0: token 1 differs"
+    row = benchmark.make_row("hf_cb", None, "straggler", specs, (False, 0, why), served)
+    assert row["outputs_equal"] is False and why in row["note"]
+    assert all(row[c] is None for c in benchmark.TIMES)
