@@ -50,7 +50,8 @@ def outputs(res) -> dict[str, list[int]]:
     return {s.id: s.output_token_ids for s in res.seqs}
 
 
-@pytest.mark.parametrize("seed", range(3))
+# Seed 0 draws greedy requests, seed 2 sampled ones; the property tests draw many more.
+@pytest.mark.parametrize("seed", [0, 2])
 def test_every_window_reproduces_immediate_output(tiny, seed: int) -> None:
     model, tok = tiny
     rng = random.Random(seed)
