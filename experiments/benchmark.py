@@ -34,7 +34,6 @@ its load at the time: run on a quiet machine before quoting them. Every run is l
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import functools
 import os
@@ -51,56 +50,32 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import Progress
 
+from experiments.benchmark_report import (
+    COLUMNS,
+    REFERENCE,
+    fmt,
+    headline,
+    is_reference,
+    log_mlflow,
+    write,
+)
 from experiments.machine_probe import Probe, decode_steps, host_share, mean, probe
 from experiments.peers import Served, hf_cb, hf_static
 from framework.app import build_engine, check_before_loading, load, resolve_device
 from framework.config import register_configs
 from framework.greedy_check import compare_greedy
-from framework.mlflow_store import TrackingStore
 from framework.request import RequestSpec
-from framework.tracking import environment_tags, flatten
+from framework.tracking import environment_tags
 from framework.workloads import build_workload
 from framework.workloads.synthetic import sample_arrivals
 from framework.workloads.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
-REFERENCE = ("continuous", "incremental", "immediate")
 PEERS = ("hf_static", "hf_cb")
 WORKLOADS = ("straggler", "azure_closed", "azure_open")
-COLUMNS = (
-    "system",
-    "scheduler",
-    "allocator",
-    "output",
-    "workload",
-    "requests",
-    "output_tokens",
-    "wall_s",
-    "tokens_per_s",
-    "requests_per_s",
-    "ttft_p50",
-    "ttft_p99",
-    "tpot_p50",
-    "tpot_p99",
-    "host_overhead_share",
-    "outputs_equal",
-    "ratio_vs_hf_static",
-    "ratio_vs_hf_cb",
-    "host_overhead_share_b8",
-    "ties",
-    "note",
-)
 TIMES = ("wall_s", "tokens_per_s", "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50")
 TIMES += ("tpot_p99", "host_overhead_share", "host_overhead_share_b8")
-TARGETS = {  # the issue's goals: name -> (goal, its test of the measured value, its unit)
-    "throughput vs hf_static, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
-    "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
-    "host overhead at batch 8": ("<= 5% of a step", lambda v: v <= 0.05, "%"),
-    "paged vs dense forward at batch 8": ("<= 1.1x", lambda v: v <= 1.1, "x"),
-    "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v: v <= 1.5, "x"),
-    "largest-batch throughput vs compute ceiling": (">= 60%", lambda v: v >= 0.6, "%"),
-}
 # Benchmark settings under the user's overrides: invariant checks are off (they are host
 # work that a serving engine would not do on every step).
 BASE = ["engine.check_invariants=false"]
@@ -304,11 +279,6 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 r[f"ratio_vs_{peer}"] = r["tokens_per_s"] / b
 
 
-def is_reference(row: dict[str, Any]) -> bool:
-    combo = (row["scheduler"], row["allocator"], row["output"])
-    return row["system"] == "nanoserve" and combo == REFERENCE
-
-
 # ---- the run ------------------------------------------------------------------------------
 def plan(args: argparse.Namespace) -> list[tuple[str, tuple[str, str, str] | None]]:
     """(system, combo) per run of one workload, nanoserve's reference first."""
@@ -413,143 +383,6 @@ def open_rate(
         capacity = len(closed) / served.wall_s
     rate = args.load * capacity
     return rate, f"{rate:.4g} requests/s = {args.load} x {capacity:.4g} (queued-slice capacity)"
-
-
-# ---- report -------------------------------------------------------------------------------
-def fmt(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return "" if v is None else str(v)
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def targets(rows: list[dict[str, Any]], machine: Probe | None) -> list[tuple[str, float | None]]:
-    """(target, measured value) for each of TARGETS; None: not measured in this run."""
-    ref = next((r for r in rows if r["workload"] == "azure_closed" and is_reference(r)), {})
-    m = machine
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    values = [
-        ref.get("ratio_vs_hf_static"),
-        ref.get("ratio_vs_hf_cb"),
-        m.host_share_b8 if m else None,
-        ratio(m.paged_b8_s, m.dense_b8_s) if m else None,
-        ratio(m.batch1_step_s, m.floor_s) if m else None,
-        ratio(m.largest_batch_tps, m.ceiling_tps) if m else None,
-    ]
-    return list(zip(TARGETS, values, strict=True))
-
-
-def target_lines(rows: list[dict[str, Any]], machine: Probe | None) -> list[str]:
-    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
-    for name, value in targets(rows, machine):
-        goal, ok, unit = TARGETS[name]
-        shown = f"{value * 100:.3g}%" if unit == "%" and value is not None else f"{fmt(value)}x"
-        shown = "not measured" if value is None else shown
-        met = "n/a" if value is None else ("met" if ok(value) else "not met")
-        lines.append(f"| {name} | {shown} | {goal} | {met} |")
-    return lines
-
-
-def machine_lines(m: Probe | None) -> list[str]:
-    if m is None:
-        return ["(skipped: --no-probe)"]
-    b1 = m.batch1_step_s
-    paged = m.paged_b8_s and m.paged_b8_s * 1e3
-    dense = m.dense_b8_s and m.dense_b8_s * 1e3
-    stock = m.stock_b8_s and m.stock_b8_s * 1e3
-    items = [
-        ("threads", m.threads),
-        ("memory bandwidth (read), GB/s", m.bandwidth_gbs),
-        ("fp32 matmul, GFLOP/s", m.matmul_gflops),
-        ("decode weights, MB / parameters", f"{m.weight_bytes / 1e6:.4g} / {m.weight_params}"),
-        ("batch-1 decode step, ms", fmt(b1 and b1 * 1e3)),
-        ("bandwidth floor (weights / bandwidth), ms", m.floor_s * 1e3),
-        (f"batch-{m.largest_batch} decode, tokens/s", m.largest_batch_tps),
-        ("compute ceiling (matmul / 2 x parameters), tokens/s", m.ceiling_tps),
-        (
-            "batch-8 forward, ms: paged (engine) / dense (HF DynamicCache, engine's Linear)",
-            f"{fmt(paged)} / {fmt(dense)}",
-        ),
-        ("batch-8 forward of plain HF (dense, stock Linear), ms", fmt(stock)),
-        ("host overhead at batch 8, share of a step", m.host_share_b8),
-    ]
-    return ["| probe | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in items]
-
-
-def result_lines(rows: list[dict[str, Any]]) -> list[str]:
-    cols = [c for c in COLUMNS if c != "workload"]
-    lines: list[str] = []
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        lines += ["", f"### {workload}", "", "| " + " | ".join(cols) + " |"]
-        lines.append("|" + "---|" * len(cols))
-        lines += [
-            "| " + " | ".join(fmt(r[c]) for c in cols) + " |"
-            for r in rows
-            if r["workload"] == workload
-        ]
-    return lines
-
-
-def write(
-    out: Path,
-    rows: list[dict[str, Any]],
-    machine: Probe | None,
-    header: dict[str, str],
-) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        w.writerows(
-            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
-        )
-    lines = ["# nanoserve benchmark", ""]
-    lines += [f"- {k}: {v}" for k, v in header.items()]
-    lines += ["", "## Machine", "", *machine_lines(machine)]
-    lines += ["", "## Targets", "", *target_lines(rows, machine)]
-    lines += ["", "## Results", "", "Seconds; tokens/s and requests/s over the wall time."]
-    lines += result_lines(rows)
-    md_path.write_text("\n".join(lines) + "\n")
-    return csv_path, md_path
-
-
-def log_mlflow(
-    cfg: DictConfig, args: argparse.Namespace, files: tuple[Path, Path], metrics: dict[str, float]
-) -> None:
-    """One MLflow run: the settings as params, the headline numbers as metrics, the csv and
-    md as artifacts. A failing store costs nothing: the files are already written."""
-    store = TrackingStore(cfg.mlflow)
-    tags = {**environment_tags(), "mlflow.source.name": "experiments/benchmark.py"}
-    run_id = store.start_run("benchmark", tags | {"nanoserve.kind": "benchmark"})
-    if run_id is not None:
-        params = flatten(OmegaConf.to_container(cfg, resolve=True), skip=["mlflow", "workload"])
-        params |= {f"benchmark.{k}": str(v) for k, v in vars(args).items()}
-        store.log_params(run_id, params)
-        store.log_summary(run_id, metrics)
-        store.log_files(run_id, files)
-        store.end_run(run_id)
-    if store.broken is not None:
-        where = f"results are in {files[0].parent}"
-        print(f"MLflow: not logged: {store.broken}; {where}", file=sys.stderr)
-    else:
-        print(f"MLflow: logged run {run_id} to {store.uri}")
-
-
-def headline(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str, float]:
-    named = targets(rows, machine)
-    out = {k.replace(" ", "_").replace(",", ""): v for k, v in named if v is not None}
-    for r in rows:
-        name = "/".join(x for x in (r["system"], r["scheduler"], r["allocator"], r["output"]) if x)
-        if r["tokens_per_s"] is not None:
-            out[f"{r['workload']}/{name}/tokens_per_s"] = r["tokens_per_s"]
-    if machine is not None:
-        out |= {k: v for k, v in dataclasses.asdict(machine).items() if v is not None}
-    return out
 
 
 # ---- command line -------------------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""The benchmark's report: the targets of issue #6 against what a run measured, the machine
+section, the result tables (`benchmark.md`, `benchmark.csv`), and the MLflow run.
+
+Kept apart from `experiments/benchmark.py`, which runs the systems: this module only formats
+and files numbers that are already measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from experiments.machine_probe import Probe
+from framework.mlflow_store import TrackingStore
+from framework.tracking import environment_tags, flatten
+
+REFERENCE = ("continuous", "incremental", "immediate")
+COLUMNS = (
+    "system",
+    "scheduler",
+    "allocator",
+    "output",
+    "workload",
+    "requests",
+    "output_tokens",
+    "wall_s",
+    "tokens_per_s",
+    "requests_per_s",
+    "ttft_p50",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "host_overhead_share",
+    "outputs_equal",
+    "ratio_vs_hf_static",
+    "ratio_vs_hf_cb",
+    "host_overhead_share_b8",
+    "ties",
+    "note",
+)
+TARGETS = {  # the issue's goals: name -> (goal, its test of the measured value, its unit)
+    "throughput vs hf_static, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+    "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+    "host overhead at batch 8": ("<= 5% of a step", lambda v: v <= 0.05, "%"),
+    "paged vs dense forward at batch 8": ("<= 1.1x", lambda v: v <= 1.1, "x"),
+    "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v: v <= 1.5, "x"),
+    "largest-batch throughput vs compute ceiling": (">= 60%", lambda v: v >= 0.6, "%"),
+}
+
+
+def is_reference(row: dict[str, Any]) -> bool:
+    combo = (row["scheduler"], row["allocator"], row["output"])
+    return row["system"] == "nanoserve" and combo == REFERENCE
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def targets(rows: list[dict[str, Any]], machine: Probe | None) -> list[tuple[str, float | None]]:
+    """(target, measured value) for each of TARGETS; None: not measured in this run."""
+    ref = next((r for r in rows if r["workload"] == "azure_closed" and is_reference(r)), {})
+    m = machine
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    values = [
+        ref.get("ratio_vs_hf_static"),
+        ref.get("ratio_vs_hf_cb"),
+        m.host_share_b8 if m else None,
+        ratio(m.paged_b8_s, m.dense_b8_s) if m else None,
+        ratio(m.batch1_step_s, m.floor_s) if m else None,
+        ratio(m.largest_batch_tps, m.ceiling_tps) if m else None,
+    ]
+    return list(zip(TARGETS, values, strict=True))
+
+
+def target_lines(rows: list[dict[str, Any]], machine: Probe | None) -> list[str]:
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, value in targets(rows, machine):
+        goal, ok, unit = TARGETS[name]
+        shown = f"{value * 100:.3g}%" if unit == "%" and value is not None else f"{fmt(value)}x"
+        shown = "not measured" if value is None else shown
+        met = "n/a" if value is None else ("met" if ok(value) else "not met")
+        lines.append(f"| {name} | {shown} | {goal} | {met} |")
+    return lines
+
+
+def machine_lines(m: Probe | None) -> list[str]:
+    if m is None:
+        return ["(skipped: --no-probe)"]
+    b1 = m.batch1_step_s
+    paged = m.paged_b8_s and m.paged_b8_s * 1e3
+    dense = m.dense_b8_s and m.dense_b8_s * 1e3
+    stock = m.stock_b8_s and m.stock_b8_s * 1e3
+    items = [
+        ("threads", m.threads),
+        ("memory bandwidth (read), GB/s", m.bandwidth_gbs),
+        ("fp32 matmul, GFLOP/s", m.matmul_gflops),
+        ("decode weights, MB / parameters", f"{m.weight_bytes / 1e6:.4g} / {m.weight_params}"),
+        ("batch-1 decode step, ms", fmt(b1 and b1 * 1e3)),
+        ("bandwidth floor (weights / bandwidth), ms", m.floor_s * 1e3),
+        (f"batch-{m.largest_batch} decode, tokens/s", m.largest_batch_tps),
+        ("compute ceiling (matmul / 2 x parameters), tokens/s", m.ceiling_tps),
+        (
+            "batch-8 forward, ms: paged (engine) / dense (HF DynamicCache, engine's Linear)",
+            f"{fmt(paged)} / {fmt(dense)}",
+        ),
+        ("batch-8 forward of plain HF (dense, stock Linear), ms", fmt(stock)),
+        ("host overhead at batch 8, share of a step", m.host_share_b8),
+    ]
+    return ["| probe | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in items]
+
+
+def result_lines(rows: list[dict[str, Any]]) -> list[str]:
+    cols = [c for c in COLUMNS if c != "workload"]
+    lines: list[str] = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        lines += ["", f"### {workload}", "", "| " + " | ".join(cols) + " |"]
+        lines.append("|" + "---|" * len(cols))
+        lines += [
+            "| " + " | ".join(fmt(r[c]) for c in cols) + " |"
+            for r in rows
+            if r["workload"] == workload
+        ]
+    return lines
+
+
+def write(
+    out: Path,
+    rows: list[dict[str, Any]],
+    machine: Probe | None,
+    header: dict[str, str],
+) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        w.writerows(
+            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        )
+    lines = ["# nanoserve benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in header.items()]
+    lines += ["", "## Machine", "", *machine_lines(machine)]
+    lines += ["", "## Targets", "", *target_lines(rows, machine)]
+    lines += ["", "## Results", "", "Seconds; tokens/s and requests/s over the wall time."]
+    lines += result_lines(rows)
+    md_path.write_text("\n".join(lines) + "\n")
+    return csv_path, md_path
+
+
+def log_mlflow(
+    cfg: DictConfig, args: argparse.Namespace, files: tuple[Path, Path], metrics: dict[str, float]
+) -> None:
+    """One MLflow run: the settings as params, the headline numbers as metrics, the csv and
+    md as artifacts. A failing store costs nothing: the files are already written."""
+    store = TrackingStore(cfg.mlflow)
+    tags = {**environment_tags(), "mlflow.source.name": "experiments/benchmark.py"}
+    run_id = store.start_run("benchmark", tags | {"nanoserve.kind": "benchmark"})
+    if run_id is not None:
+        params = flatten(OmegaConf.to_container(cfg, resolve=True), skip=["mlflow", "workload"])
+        params |= {f"benchmark.{k}": str(v) for k, v in vars(args).items()}
+        store.log_params(run_id, params)
+        store.log_summary(run_id, metrics)
+        store.log_files(run_id, files)
+        store.end_run(run_id)
+    if store.broken is not None:
+        where = f"results are in {files[0].parent}"
+        print(f"MLflow: not logged: {store.broken}; {where}", file=sys.stderr)
+    else:
+        print(f"MLflow: logged run {run_id} to {store.uri}")
+
+
+def headline(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str, float]:
+    named = targets(rows, machine)
+    out = {k.replace(" ", "_").replace(",", ""): v for k, v in named if v is not None}
+    for r in rows:
+        name = "/".join(x for x in (r["system"], r["scheduler"], r["allocator"], r["output"]) if x)
+        if r["tokens_per_s"] is not None:
+            out[f"{r['workload']}/{name}/tokens_per_s"] = r["tokens_per_s"]
+    if machine is not None:
+        out |= {k: v for k, v in dataclasses.asdict(machine).items() if v is not None}
+    return out
