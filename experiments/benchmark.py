@@ -349,7 +349,8 @@ def benchmark(
                 args.matmul_n,
             )
             tick(f"machine: {machine.bandwidth_gbs:.3g} GB/s, {machine.matmul_gflops:.3g} GFLOP/s")
-        closed = azure_specs(tok, args, cfg.seed)
+        azure = any(w.startswith("azure") for w in args.workloads)
+        closed = azure_specs(tok, args, cfg.seed) if azure else []  # the trace, when needed
         warmed = False
         for workload in args.workloads:
             if workload == "straggler":
