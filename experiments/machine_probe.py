@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from experiments.peers import sdpa_attention
+from experiments.peers import plain_hf
 from framework.metrics import StepStats
 from framework.request import RequestSpec
 
@@ -140,7 +140,7 @@ def dense_decode_s(model: Any, prompts: list[list[int]], steps: int, stock: bool
     equal-length prompts, greedy, for `steps` steps after the prefill. `stock`: with
     PyTorch's own Linear (plain Hugging Face); otherwise with the Linear layers as the engine
     runs them, so that the comparison isolates paged against dense attention."""
-    with sdpa_attention(model, stock_linear=stock):
+    with plain_hf(model, stock_linear=stock):
         ids = torch.tensor(prompts, device=model.device)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, cache=cache, use_cache=True)

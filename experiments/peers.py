@@ -71,7 +71,7 @@ class StepStamps(BaseStreamer):
 
 
 @contextlib.contextmanager
-def sdpa_attention(model: Any, stock_linear: bool = True) -> Iterator[Any]:
+def plain_hf(model: Any, stock_linear: bool = True) -> Iterator[Any]:
     """Run the model as plain transformers does, then put nanoserve's settings back: its
     own sdpa attention (the engine selects its paged attention on the model) and, with
     `stock_linear`, PyTorch's own Linear (the engine packs the weights for oneDNN)."""
@@ -122,7 +122,7 @@ def hf_static(model: Any, specs: list[RequestSpec], max_batch: int, pad: int) ->
     """Static padded batches through `generate`, served as they arrive (see the module)."""
     served = Served({}, {s.id: s.arrival for s in specs})
     queue = deque(sorted(specs, key=lambda s: s.arrival))
-    with sdpa_attention(model), torch.inference_mode():
+    with plain_hf(model), torch.inference_mode():
         t0 = time.perf_counter()
         while queue:
             wait = queue[0].arrival - (time.perf_counter() - t0)
@@ -177,7 +177,7 @@ def hf_cb(
     gen = GenerationConfig(
         do_sample=False, eos_token_id=-1, pad_token_id=pad, max_new_tokens=1
     )  # eos -1: off
-    with sdpa_attention(model):
+    with plain_hf(model):
         manager = model.init_continuous_batching(
             generation_config=gen,
             continuous_batching_config=_cb_config(specs, max_batch, max_batch_tokens),
