@@ -59,7 +59,14 @@ from experiments.benchmark_report import (
     log_mlflow,
     write,
 )
-from experiments.machine_probe import Probe, decode_steps, host_share, mean, probe
+from experiments.machine_probe import (
+    Probe,
+    decode_steps,
+    host_share,
+    linears_alone_s,
+    mean,
+    probe,
+)
 from experiments.peers import Served, hf_cb, hf_static
 from framework.app import build_engine, check_before_loading, load, resolve_device
 from framework.config import register_configs
@@ -75,7 +82,7 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_con
 PEERS = ("hf_static", "hf_cb")
 WORKLOADS = ("straggler", "azure_closed", "azure_open")
 TIMES = ("wall_s", "tokens_per_s", "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50")
-TIMES += ("tpot_p99", "host_overhead_share", "host_overhead_share_b8")
+TIMES += ("tpot_p99", "host_overhead_share", "host_overhead_share_b8", "linear_alone_s")
 # Benchmark settings under the user's overrides: invariant checks are off (they are host
 # work that a serving engine would not do on every step).
 BASE = ["engine.check_invariants=false"]
@@ -308,6 +315,8 @@ def serve_workload(
             served, checked = None, (False, 0, f"failed: {type(exc).__name__}: {exc}")
         rows.append(make_row(system, combo, workload, specs, checked, served))
         r = rows[-1]
+        if combo == REFERENCE and served is not None:  # the kernels' share of its steps
+            r["linear_alone_s"] = linears_alone_s(ctx.model, served.steps)
         if not r["outputs_equal"]:
             warn = f"WARNING {workload} {label}: outputs differ, no times: {r['note']}"
             print(warn, file=sys.stderr, flush=True)

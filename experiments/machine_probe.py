@@ -6,6 +6,11 @@ how close the engine's decode steps come to it.
   floor = weight bytes / bandwidth is the fastest a batch-1 step can be;
 - matmul rate: the best of a few square fp32 matmuls, in GFLOP/s: a token costs about
   2 x (weights) FLOPs, so ceiling = rate / (2 x weights) tokens/s bounds any batch;
+- the Linear layers alone: every `nn.Linear` of the model, in order, as the engine runs it
+  (packed oneDNN on CPU fp32), on 1 row and on the largest batch's rows, weights cache-cold
+  as in a step. No engine can run a decode step faster than its Linear kernels read and
+  multiply the weights, so these say how much of each gap is the kernels' and how much the
+  engine's (attention, norms, host work);
 - the engine's decode steps: one request (batch 1, whole step: host work included), the
   largest batch (`max_num_seqs` identical requests, tokens/s over the steps where every row
   decodes), and batch 8, whose steps give the host overhead at batch 8 and the paged forward
@@ -46,6 +51,8 @@ class Probe:
     ceiling_tps: float  # matmul rate / (2 x weight params)
     largest_batch: int
     largest_batch_tps: float | None
+    linears_b1_s: float  # every Linear once on 1 row: the kernels' own batch-1 floor
+    linears_big_s: float  # every Linear once on `largest_batch` rows
     host_share_b8: float | None
     paged_b8_s: float | None
     dense_b8_s: float | None  # dense attention, the engine's Linear layers
@@ -90,6 +97,39 @@ def matmul_rate(n: int, repeats: int, device: torch.device) -> float:
         linear = torch.ops.mkldnn._linear_pointwise
         s = min(s, best_time(lambda: linear(a, packed, None, "none", [], ""), repeats, device))
     return 2 * n**3 / s / 1e9
+
+
+@torch.inference_mode()
+def linear_pass_s(model: Any, rows: int, repeats: int, head_rows: int | None = None) -> float:
+    """Best seconds of one pass through every `nn.Linear` of `model` in module order (each
+    layer's projections, then the head), each through the layer's own forward on `rows`
+    random rows (the head on `head_rows`, as a step keeps only each row's last position).
+    The whole pass reads more than any cache holds, so each weight is read cold, as in a
+    decode step."""
+    device = model.device
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {}
+    for m in linears:
+        n = head_rows if m is head and head_rows is not None else rows
+        inputs[m] = torch.randn(n, m.in_features, device=device)
+    return best_time(lambda: [m(inputs[m]) for m in linears], repeats, device)
+
+
+def linears_alone_s(model: Any, steps: list[StepStats], repeats: int = 1) -> float:
+    """Seconds the Linear layers alone need for a run's steps: a `linear_pass_s` at each
+    step's token count (its head on the step's rows). A bound on any engine running these
+    kernels over the same steps."""
+    passes: dict[tuple[int, int], float] = {}
+    total = 0.0
+    for st in steps:
+        key = (st.prefill_tokens + st.rows - st.prefill_rows, st.rows)
+        if key[1] == 0:
+            continue
+        if key not in passes:
+            passes[key] = linear_pass_s(model, key[0], repeats, head_rows=key[1])
+        total += passes[key]
+    return total
 
 
 def decode_weights(model: Any) -> tuple[int, int]:
@@ -191,6 +231,8 @@ def probe(
         ceiling_tps=gflops * 1e9 / (2 * n),
         largest_batch=max_batch,
         largest_batch_tps=big_tps,
+        linears_b1_s=linear_pass_s(model, 1, repeats),
+        linears_big_s=linear_pass_s(model, max_batch, repeats),
         host_share_b8=mean([host_share(st) for st in at8]),
         paged_b8_s=median([st.phase_s.get("forward", 0.0) for st in at8]),
         dense_b8_s=dense,

@@ -108,7 +108,9 @@ def build_engine(
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
     return Engine(
-        HFExecutor(model, cache, device, packed_linears=e.packed_linears),
+        HFExecutor(
+            model, cache, device, packed_linears=e.packed_linears, paged_kernel=e.paged_kernel
+        ),
         pool,
         cache.scratch_block,
         policies,

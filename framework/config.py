@@ -26,6 +26,9 @@ class EngineConfig:
     # CPU fp32: run Linear layers on weights prepacked for oneDNN (framework/packed_linear.py);
     # false: PyTorch's stock linear, e.g. to measure what the packing buys.
     packed_linears: bool = True
+    # CPU fp32: decode attention reads each row's KV blocks in place with nanoserve's C++
+    # kernel (framework/kernels/, compiled on first use); false: gather the blocks, then SDPA.
+    paged_kernel: bool = True
 
 
 @dataclass

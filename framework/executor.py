@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from framework.batch import StepBatch
+from framework.kernels.paged_decode import available
 from framework.kv_cache import KVCache
 from framework.packed_linear import pack_linears, unpack_linears
 from framework.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
@@ -42,6 +43,7 @@ class HFExecutor:
         cache: KVCache,
         device: torch.device,
         packed_linears: bool = True,
+        paged_kernel: bool = True,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -52,6 +54,8 @@ class HFExecutor:
             pack_linears(model)  # a no-op off CPU fp32, and for layers already packed
         else:
             unpack_linears(model)
+        layer = cache.k[0]
+        self.kernel = paged_kernel and available(device, layer.dtype, layer.shape[-1])
 
     def _paged(
         self, batch: StepBatch
@@ -98,6 +102,7 @@ class HFExecutor:
             decode_lens=lens.to(dev),
             decode_mask=mask.to(dev),
             prefills=prefills,
+            decode_kernel=self.kernel,
         )
         if batch.device_inputs is not None:
             input_ids = batch.device_inputs.reshape(1, -1).to(torch.long)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from framework.kernels.paged_decode import paged_decode
 from framework.kv_cache import KVCache
 
 ATTN_NAME = "nanoserve_paged"
@@ -31,9 +32,10 @@ class PrefillRow:
 class PagedBatch:
     """Where each packed token's K/V goes and what each query may read.
 
-    Decode rows (one query each) are attended together as one padded batch, gathering whole
-    blocks (contiguous `block_size` slots) rather than single slots; prefill rows one at a
-    time, causally.
+    Decode rows (one query each) are attended together: on CPU fp32 by nanoserve's kernel,
+    which reads each row's blocks where they lie (`decode_kernel`, framework/kernels/);
+    elsewhere as one padded batch through SDPA, after gathering whole blocks (contiguous
+    `block_size` slots) rather than single slots. Prefill rows one at a time, causally.
     """
 
     cache: KVCache
@@ -43,6 +45,7 @@ class PagedBatch:
     decode_lens: torch.Tensor  # [Bd, 1, 1, 1] positions each decode row attends to
     decode_mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] True where a position is real
     prefills: list[PrefillRow]
+    decode_kernel: bool = False  # decode rows through framework/kernels (CPU fp32), blocks in place
 
 
 def _decode(
@@ -54,6 +57,12 @@ def _decode(
     sliding_window: int | None,
 ) -> torch.Tensor:
     bs = paged.cache.block_size
+    if paged.decode_kernel:
+        scale = scaling if scaling is not None else qd.shape[-1] ** -0.5
+        lens = paged.decode_lens.view(-1)
+        return paged_decode(
+            qd.squeeze(2), k_cache, v_cache, paged.decode_blocks, lens, bs, scale, sliding_window
+        )
     bd, nb = paged.decode_blocks.shape
     heads, dim = k_cache.shape[1], k_cache.shape[2]
     # index_select on the block axis, not advanced indexing: one contiguous copy per block,

@@ -57,10 +57,13 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
         assert r["tokens_per_s"] and r["ttft_p50"], r  # reported (values not checked)
         assert r["ratio_vs_hf_static"] and r["ratio_vs_hf_cb"], r
     assert all(r["host_overhead_share"] for r in rows if r["system"] == "nanoserve")
+    assert all(bool(r["linear_alone_s"]) == (r["scheduler"] == "continuous") for r in rows)
 
     md = (out / "benchmark.md").read_text()
     for name in benchmark_report.TARGETS:
         assert f"| {name} | " in md, name
+    # The machine targets come with what the Linear kernels alone reach (values not checked).
+    assert "| the Linear layers alone |" in md and "| the Linear layers alone at batch 1" in md
     for section in ("## Machine", "## Targets", *(f"### {w}" for w in workloads)):
         assert section in md
     if has_trace:  # the throughput targets are measured on the queued Azure slice

@@ -1,0 +1,79 @@
+"""Decode attention that reads KV blocks in place: building the C++ kernel, and calling it.
+
+The kernel (`paged_decode.cpp`) is compiled by `torch.utils.cpp_extension` the first time an
+engine asks for it (about a minute on a 2-core machine) and cached under PyTorch's extensions
+directory (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), rebuilt only when the
+source changes. Where it cannot be used (no compiler, no AVX2, not CPU fp32, an odd head
+size) the engine keeps the portable gather + SDPA path and says why once.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("paged_decode.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma"]
+
+
+def why_not(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why the kernel cannot serve this model here, or None when it can."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return f"it runs on CPU in float32 only (this run: {device.type}, {dtype})"
+    if head_dim % 8:
+        return f"head size {head_dim} is not a multiple of 8"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"this CPU lacks AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+    return _build_error()
+
+
+@functools.cache
+def _build_error() -> str | None:
+    """Compile and load the kernel once per process; the error, if that failed."""
+    from torch.utils.cpp_extension import load
+
+    try:
+        load("nanoserve_paged_decode", [str(SOURCE)], extra_cflags=FLAGS, is_python_module=False)
+    except Exception as exc:  # no compiler or ninja, a read-only cache: the portable path
+        return f"it did not build: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+    return None
+
+
+def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel serves this model here; warns once with the reason when it should
+    have (a CPU fp32 model) but cannot. Other devices and dtypes take the portable path
+    silently: it is theirs by design."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    reason = why_not(device, dtype, head_dim)
+    if reason is not None:
+        _warn_once(reason)
+    return reason is None
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(
+        f"engine.paged_kernel: using gather + SDPA for decode attention: {reason}", stacklevel=3
+    )
+
+
+def paged_decode(
+    q: torch.Tensor,  # [rows, Hq, D]: each decode row's query
+    k_cache: torch.Tensor,  # [slots, Hkv, D]: one layer's keys
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,  # [rows, nb] int64: each row's block table, padded
+    lens: torch.Tensor,  # [rows] int64: positions each row attends to
+    block_size: int,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """[rows, Hq, D]: each row's attention over its own blocks (the last `window` positions
+    on a sliding layer)."""
+    ops = torch.ops.nanoserve
+    w = window or 0
+    scores = ops.paged_scores(q.contiguous(), k_cache, blocks, lens, block_size, scale, w)
+    return ops.paged_mix(torch.softmax(scores, -1), v_cache, blocks, lens, block_size, w)

@@ -1,0 +1,107 @@
+"""The C++ decode-attention kernel (framework/kernels/) against the portable gather + SDPA
+path it replaces on CPU fp32, and the engine's greedy text with it on and off."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from framework.kernels.paged_decode import available, why_not
+from framework.kv_cache import KVCache
+from framework.paged_attention import PagedBatch, _decode
+from framework.request import RequestSpec, SamplingParams
+from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    reason = why_not(CPU, torch.float32, 64)
+    if reason is not None and shutil.which("c++") is None:
+        pytest.skip(f"no C++ compiler here: {reason}")  # the engine falls back, as tested below
+    assert reason is None, reason
+
+
+def paged_batch(cache: KVCache, lens: list[int], rng: random.Random, kernel: bool) -> PagedBatch:
+    """Decode rows with the given context lengths, each on blocks drawn at random."""
+    bs = cache.block_size
+    free = list(range(cache.num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // bs))] for n in lens]
+    width = max(len(t) for t in tables)
+    blocks = torch.zeros(len(lens), width, dtype=torch.long)
+    for i, t in enumerate(tables):
+        blocks[i, : len(t)] = torch.tensor(t)
+    lengths = torch.tensor(lens).view(-1, 1, 1, 1)
+    return PagedBatch(
+        cache=cache,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        decode_q_idx=torch.arange(len(lens)),
+        decode_blocks=blocks,
+        decode_lens=lengths,
+        decode_mask=torch.arange(width * bs).view(1, 1, 1, -1) < lengths,
+        prefills=[],
+        decode_kernel=kernel,
+    )
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim", "block_size", "window"),
+    [(9, 3, 64, 16, None), (4, 4, 16, 4, None), (8, 2, 32, 8, 5), (4, 1, 128, 16, 40)],
+)
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_kernel_matches_gather_and_sdpa(
+    q_heads: int, kv_heads: int, dim: int, block_size: int, window: int | None, rows: int
+) -> None:
+    rng = random.Random(rows * 1000 + dim)
+    torch.manual_seed(rows + dim)
+    lens = [rng.randint(1, 70) for _ in range(rows)]
+    need = sum(-(-n // block_size) for n in lens)
+    cache = KVCache(1, need + 3, block_size, kv_heads, dim, torch.float32, CPU)
+    cache.k[0].normal_()
+    cache.v[0].normal_()
+    q = torch.randn(rows, q_heads, 1, dim)
+    state = rng.getstate()
+    ref = _decode(q, cache.k[0], cache.v[0], paged_batch(cache, lens, rng, False), None, window)
+    rng.setstate(state)  # the same block tables
+    got = _decode(q, cache.k[0], cache.v[0], paged_batch(cache, lens, rng, True), None, window)
+    assert got.shape == ref.shape == (rows, q_heads, dim)
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
+
+
+def test_engine_text_is_the_same_with_and_without_the_kernel(tiny) -> None:
+    model, tok = tiny
+    rng = random.Random(7)
+    specs = [
+        RequestSpec(
+            f"r{i}",
+            [rng.randrange(3, len(tok)) for _ in range(rng.randint(1, 40))],
+            SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True),
+        )
+        for i in range(6)
+    ]
+    runs = {}
+    for on in (True, False):
+        cfg = make_cfg("scheduler=continuous", "allocator=incremental", f"engine.paged_kernel={on}")
+        result = run_engine(cfg, model, tok, specs)
+        runs[on] = {s.id: list(s.output_token_ids) for s in result.seqs}
+    for s in specs:
+        ref = hf_greedy(model, s.prompt_token_ids, s.sampling.max_tokens, None)
+        for on in (True, False):
+            check_same_greedy(model, s.prompt_token_ids, s.id, runs[on][s.id], ref)
+
+
+def test_it_says_why_it_is_not_used() -> None:
+    assert "CPU in float32" in (why_not(torch.device("cuda"), torch.float32, 64) or "")
+    assert "CPU in float32" in (why_not(CPU, torch.bfloat16, 64) or "")
+    assert "head size 12" in (why_not(CPU, torch.float32, 12) or "")
+    with pytest.warns(UserWarning, match="engine.paged_kernel: using gather"):
+        assert not available(CPU, torch.float32, 12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # other devices and dtypes: the portable path, silently
+        assert not available(CPU, torch.bfloat16, 64)
