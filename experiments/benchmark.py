@@ -89,9 +89,9 @@ BASE = ["engine.check_invariants=false"]
 # Full-run sizes: the 16 nanoserve combinations x 3 workloads + peers stay near ten minutes
 # of SmolLM2 on two CPU cores (raise --requests / the caps for a longer, queued slice).
 FULL = {"requests": 24, "max_prompt": 128, "max_output": 32, "probe_mb": 512, "probe_batch": 64}
-FULL |= {"matmul_n": 2048, "probe_prompt": 64, "probe_steps": 16}
+FULL |= {"matmul_n": 2048, "probe_prompt": 64, "probe_steps": 16, "repeats": 3}
 QUICK = {"requests": 6, "max_prompt": 24, "max_output": 8, "probe_mb": 16}
-QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4}
+QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4, "repeats": 1}
 
 
 class NullHooks:
@@ -294,6 +294,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, tuple[str, str, str] | Non
     return [("nanoserve", c) for c in combos] + [(p, None) for p in args.peers]
 
 
+def serve(
+    ctx: Context, system: str, combo: tuple[str, str, str] | None, specs: list[RequestSpec]
+) -> Served:
+    return run_nanoserve(ctx, combo, specs) if combo else run_peer(ctx, system, specs)
+
+
 def serve_workload(
     ctx: Context,
     args: argparse.Namespace,
@@ -301,26 +307,44 @@ def serve_workload(
     specs: list[RequestSpec],
     tick: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    rows, ref = [], None
-    for system, combo in plan(args):
+    """One row per system. The reference and the peers, whose ratios are the targets, run
+    `args.repeats` times in turn (so that a slow spell of a shared machine falls on all of
+    them) and report their median run; the other combinations run once."""
+    systems = plan(args)
+    runs: dict[int, list[Served]] = {i: [] for i in range(len(systems))}
+    failed: dict[int, str] = {}
+    for rnd in range(args.repeats):
+        for i, (system, combo) in enumerate(systems):
+            repeated = combo is None or combo == REFERENCE
+            if i in failed or (rnd > 0 and not repeated):
+                continue
+            try:
+                runs[i].append(serve(ctx, system, combo, specs))
+            except Exception as exc:  # a peer that fails is a row that says so, not a crash
+                if combo == REFERENCE:
+                    raise
+                failed[i] = f"failed: {type(exc).__name__}: {exc}"
+    ref = runs[0][0]
+    rows = []
+    for i, (system, combo) in enumerate(systems):
         label = f"{system} {'/'.join(combo)}" if combo else system
-        try:
-            served = run_nanoserve(ctx, combo, specs) if combo else run_peer(ctx, system, specs)
-            if ref is None:
-                ref = served
-            checked = check_outputs(ctx, specs, served, ref)
-        except Exception as exc:  # a peer that fails is a row that says so, not a crash
-            if ref is None:
-                raise
-            served, checked = None, (False, 0, f"failed: {type(exc).__name__}: {exc}")
-        rows.append(make_row(system, combo, workload, specs, checked, served))
-        r = rows[-1]
-        if combo == REFERENCE and served is not None:  # the kernels' share of its steps
+        served, checked = None, (False, 0, failed.get(i, ""))
+        if runs[i]:
+            served = sorted(runs[i], key=lambda x: x.wall_s)[(len(runs[i]) - 1) // 2]
+            checks = [check_outputs(ctx, specs, x, ref) for x in runs[i]]
+            checked = next((c for c in checks if not c[0]), checks[0])
+        r = make_row(system, combo, workload, specs, checked, served)
+        if len(runs[i]) > 1 and r["outputs_equal"]:
+            walls = sorted(x.wall_s for x in runs[i])
+            spread = f"median of {len(walls)} runs (wall {walls[0]:.3g}-{walls[-1]:.3g} s)"
+            r["note"] = "; ".join(n for n in (r["note"], spread) if n)
+        if combo == REFERENCE:  # the kernels' share of its steps
             r["linear_alone_s"] = linears_alone_s(ctx.model, served.steps)
         if not r["outputs_equal"]:
             warn = f"WARNING {workload} {label}: outputs differ, no times: {r['note']}"
             print(warn, file=sys.stderr, flush=True)
         tick(f"{workload:13s} {label:45s} {fmt(r['tokens_per_s'])} tok/s")
+        rows.append(r)
     return rows
 
 
@@ -431,12 +455,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     for name in ("probe_mb", "matmul_n", "probe_prompt", "probe_steps"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        help="runs of the reference and of each peer per workload, median reported (3; quick 1)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "benchmark")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run config")
     args = ap.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     return args
 
 

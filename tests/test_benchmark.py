@@ -34,6 +34,8 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
             "4",
             "--threads",
             "1",
+            "--repeats",
+            "2",
             "--out",
             str(tmp_path),
         ]
@@ -58,6 +60,9 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
         assert r["ratio_vs_hf_static"] and r["ratio_vs_hf_cb"], r
     assert all(r["host_overhead_share"] for r in rows if r["system"] == "nanoserve")
     assert all(bool(r["linear_alone_s"]) == (r["scheduler"] == "continuous") for r in rows)
+    # The reference and the peers (the targets' ratios) report the median of --repeats runs.
+    for r in rows:
+        assert ("median of 2 runs" in r["note"]) == (r["scheduler"] != "static"), r
 
     md = (out / "benchmark.md").read_text()
     for name in benchmark_report.TARGETS:
