@@ -93,14 +93,14 @@ class HFExecutor:
         for i, b in enumerate(dec_blocks):
             blocks[i, : len(b)] = torch.tensor(b, dtype=torch.long)
         lens = torch.tensor(dec_lens, dtype=torch.long).view(-1, 1, 1, 1)
-        mask = torch.arange(width * bs).view(1, 1, 1, -1) < lens
+        mask = None if self.kernel else (torch.arange(width * bs).view(1, 1, 1, -1) < lens).to(dev)
         paged = PagedBatch(
             cache=self.cache,
             slot_mapping=torch.tensor(slots, device=dev),
             decode_q_idx=torch.tensor(dec_idx, dtype=torch.long, device=dev),
             decode_blocks=blocks.to(dev),
             decode_lens=lens.to(dev),
-            decode_mask=mask.to(dev),
+            decode_mask=mask,
             prefills=prefills,
             decode_kernel=self.kernel,
         )

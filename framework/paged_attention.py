@@ -43,7 +43,8 @@ class PagedBatch:
     decode_q_idx: torch.Tensor  # [Bd] packed index of each decode row's query
     decode_blocks: torch.Tensor  # [Bd, nb] each decode row's block table, padded
     decode_lens: torch.Tensor  # [Bd, 1, 1, 1] positions each decode row attends to
-    decode_mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] True where a position is real
+    # [Bd, 1, 1, nb * block_size] True where a position is real; None for the kernel (lengths)
+    decode_mask: torch.Tensor | None
     prefills: list[PrefillRow]
     decode_kernel: bool = False  # decode rows through framework/kernels (CPU fp32), blocks in place
 
@@ -73,6 +74,7 @@ def _decode(
     kd = kd.view(bd, nb * bs, heads, dim).transpose(1, 2)
     vd = vd.view(bd, nb * bs, heads, dim).transpose(1, 2)
     mask = paged.decode_mask
+    assert mask is not None, "the gather + SDPA path needs decode_mask"
     if sliding_window:
         # Mistral / Qwen2 sliding layers: the query (position len-1) sees the last W positions.
         pos = torch.arange(mask.shape[-1], device=mask.device)
