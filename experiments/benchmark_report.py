@@ -68,9 +68,19 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def azure_row(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
+    """The queued Azure slice's row of `system` ("reference" for nanoserve's), or {}."""
+    for r in rows:
+        if r["workload"] == "azure_closed" and (
+            is_reference(r) if system == "reference" else r["system"] == system
+        ):
+            return r
+    return {}
+
+
 def targets(rows: list[dict[str, Any]], machine: Probe | None) -> list[tuple[str, float | None]]:
     """(target, measured value) for each of TARGETS; None: not measured in this run."""
-    ref = next((r for r in rows if r["workload"] == "azure_closed" and is_reference(r)), {})
+    ref = azure_row(rows, "reference")
     m = machine
 
     def ratio(a: float | None, b: float | None) -> float | None:
@@ -92,11 +102,9 @@ def kernel_bounds(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str
     kernels, the same steps): the best any engine built on these kernels could reach. A bound
     short of the goal puts the goal out of reach of engine work on this machine."""
     out: dict[str, float] = {}
-    ref = next((r for r in rows if r["workload"] == "azure_closed" and is_reference(r)), {})
+    ref = azure_row(rows, "reference")
     for peer in ("hf_static", "hf_cb"):
-        base = next(
-            (r for r in rows if r["workload"] == "azure_closed" and r["system"] == peer), {}
-        )
+        base = azure_row(rows, peer)
         if ref.get("linear_alone_s") and base.get("wall_s"):
             out[f"throughput vs {peer}, queued Azure slice"] = (
                 base["wall_s"] / ref["linear_alone_s"]
