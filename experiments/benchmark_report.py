@@ -207,16 +207,21 @@ def write(
 
 
 def log_mlflow(
-    cfg: DictConfig, args: argparse.Namespace, files: tuple[Path, Path], metrics: dict[str, float]
+    cfg: DictConfig,
+    args: argparse.Namespace,
+    files: tuple[Path, Path],
+    metrics: dict[str, float],
+    kind: str = "benchmark",
 ) -> None:
-    """One MLflow run: the settings as params, the headline numbers as metrics, the csv and
-    md as artifacts. A failing store costs nothing: the files are already written."""
+    """One MLflow run of `experiments/<kind>.py`: the settings as params, the headline
+    numbers as metrics, the csv and md as artifacts. A failing store costs nothing: the
+    files are already written."""
     store = TrackingStore(cfg.mlflow)
-    tags = {**environment_tags(), "mlflow.source.name": "experiments/benchmark.py"}
-    run_id = store.start_run("benchmark", tags | {"nanoserve.kind": "benchmark"})
+    tags = {**environment_tags(), "mlflow.source.name": f"experiments/{kind}.py"}
+    run_id = store.start_run(kind, tags | {"nanoserve.kind": kind})
     if run_id is not None:
         params = flatten(OmegaConf.to_container(cfg, resolve=True), skip=["mlflow", "workload"])
-        params |= {f"benchmark.{k}": str(v) for k, v in vars(args).items()}
+        params |= {f"{kind}.{k}": str(v) for k, v in vars(args).items()}
         store.log_params(run_id, params)
         store.log_summary(run_id, metrics)
         store.log_files(run_id, files)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from experiments import window_sweep
+import pytest
+
+from experiments import ab, window_sweep
+from framework.request import RequestSpec, SamplingParams
 
 
 def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
@@ -53,3 +56,47 @@ def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
     assert float(rows[1]["transfers_per_step"]) < float(rows[0]["transfers_per_step"])
     assert (out / "window_sweep.png").stat().st_size > 0
     assert "| max_tokens | window |" in (out / "window_sweep.md").read_text()
+
+
+def test_ab_alternates_rounds_and_reports_the_ratio(tmp_path: Path) -> None:
+    out = ab.main(
+        ["--quick", "--rounds", "2", "--b", "engine.block_size=32", "--out", str(tmp_path)]
+    )
+    with (out / "ab.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # A first in odd rounds, B first in even ones: neither always runs on a warmer machine
+    assert [(r["round"], r["setting"]) for r in rows] == [
+        ("1", "A"),
+        ("1", "B"),
+        ("2", "B"),
+        ("2", "A"),
+    ]
+    for col in ab.COLUMNS:
+        assert rows[0][col] != "", col
+    text = (out / "ab.md").read_text()
+    assert "B/A wall time: **" in text and "| round | A wall s | B wall s | B/A |" in text
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "message"),
+    [
+        ([], ["model=smollm2"], "differ in 'model'"),
+        ([], ["workload=straggler"], "differ in 'workload'"),
+        (["engine.block_size=16"], [], "compose to the same config"),
+    ],
+)
+def test_ab_refuses_to_compare_different_work(a: list[str], b: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ab.compare(["model=tiny"], a, b, rounds=1)
+
+
+def test_ab_output_check_names_the_first_difference() -> None:
+    greedy = RequestSpec(id="g", prompt_token_ids=[1, 2, 3])
+    sampled = RequestSpec(
+        id="s", prompt_token_ids=[1, 2], sampling=SamplingParams(temperature=0.8, seed=3)
+    )
+    same = {"g": [5, 6], "s": [7, 8]}
+    assert ab.first_difference(None, [greedy, sampled], same, dict(same)) is None
+    got = ab.first_difference(None, [greedy, sampled], same, {"g": [5, 6], "s": [7, 9]})
+    assert got is not None and got.startswith("s: sampled tokens differ")
+    assert ab.first_difference(None, [greedy], same, {}) == "g: no output from B"
