@@ -132,6 +132,8 @@ def target_lines(rows: list[dict[str, Any]], machine: Probe | None) -> list[str]
     for name, value in targets(rows, machine):
         goal, ok, unit = TARGETS[name]
         met = "n/a" if value is None else ("met" if ok(value) else "not met")
+        if met == "not met" and name in bounds and not ok(bounds[name]):
+            met += ", out of reach: past the Linear layers alone"
         bound = shown(bounds[name], unit) if name in bounds else ""
         lines.append(f"| {name} | {shown(value, unit)} | {goal} | {met} | {bound} |")
     return lines
