@@ -60,7 +60,17 @@ def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
 
 def test_ab_alternates_rounds_and_reports_the_ratio(tmp_path: Path) -> None:
     out = ab.main(
-        ["--quick", "--rounds", "2", "--b", "engine.block_size=32", "--out", str(tmp_path)]
+        [
+            "--quick",
+            "--rounds",
+            "2",
+            "--b",
+            "engine.block_size=32",
+            "--out",
+            str(tmp_path),
+            "workload.limit=4",
+            "workload.max_tokens=8",
+        ]
     )
     with (out / "ab.csv").open() as f:
         rows = list(csv.DictReader(f))
