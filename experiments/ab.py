@@ -22,7 +22,6 @@ time is reported. Writes `ab.csv` (one row per run) and `ab.md`; logged to MLflo
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.benchmark import NullHooks, compose_cfg
-from experiments.benchmark_report import log_mlflow
+from experiments.benchmark_report import log_mlflow, write_csv
 from experiments.machine_probe import decode_steps
 from framework.app import build_engine, load
 from framework.greedy_check import compare_greedy
@@ -148,12 +147,7 @@ def write(
 ) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "ab.csv", out / "ab.md"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        w.writerows(
-            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
-        )
+    write_csv(csv_path, COLUMNS, rows)
     ratio = stats["ratio_b_over_a"]
     verdict = (
         "within this machine's noise (the rounds' ratios straddle 1)"

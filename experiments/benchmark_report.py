@@ -184,6 +184,17 @@ def result_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """`rows` under `columns`, floats to 6 significant digits (seconds to the microsecond,
+    ratios well past the noise)."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        w.writerows(
+            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
+        )
+
+
 def write(
     out: Path,
     rows: list[dict[str, Any]],
@@ -192,12 +203,7 @@ def write(
 ) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        w.writerows(
-            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
-        )
+    write_csv(csv_path, COLUMNS, rows)
     lines = ["# nanoserve benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
     lines += ["", "## Machine", "", *machine_lines(machine)]
