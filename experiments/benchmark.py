@@ -18,7 +18,7 @@ the capacity measured on the queued slice (the requests/s of nanoserve's referen
 
 Before any time is reported, each system's tokens are compared with those of nanoserve's
 reference run (continuous + incremental + immediate) under the tie rule of
-`framework/greedy_check.py`. A system that differs gets `outputs_equal=False` and no times.
+`framework/run/greedy_check.py`. A system that differs gets `outputs_equal=False` and no times.
 
 How to read the results (`benchmark.csv`, `benchmark.md` in `--out`): tokens/s and
 requests/s are over the wall time from the start to the last token; TTFT is first token minus
@@ -68,11 +68,12 @@ from experiments.machine_probe import (
     probe,
 )
 from experiments.peers import Served, hf_cb, hf_static
-from framework.app import build_engine, check_before_loading, load, resolve_device
-from framework.config import register_configs
-from framework.greedy_check import compare_greedy
-from framework.request import RequestSpec
-from framework.tracking import environment_tags
+from framework.engine.request import RequestSpec
+from framework.run.app import build_engine, check_before_loading, load, resolve_device
+from framework.run.config import register_configs
+from framework.run.greedy_check import compare_greedy
+from framework.run.summary import summarize
+from framework.tracking.tags import environment_tags
 from framework.workloads import build_workload
 from framework.workloads.synthetic import sample_arrivals
 from framework.workloads.trace import read_trace
@@ -185,7 +186,7 @@ def run_nanoserve(ctx: Context, combo: tuple[str, str, str], specs: list[Request
         arrival={s.id: s.arrival for s in result.seqs},
         first={s.id: s.first_token_at for s in done if s.first_token_at is not None},
         finish={s.id: s.finished_at for s in done},
-        wall_s=result.summary["makespan_s"],
+        wall_s=summarize(result)["makespan_s"],
         steps=result.steps,
     )
 

@@ -17,8 +17,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.machine_probe import Probe
-from framework.mlflow_store import TrackingStore
-from framework.tracking import environment_tags, flatten
+from framework.tracking.store import TrackingStore
+from framework.tracking.tags import environment_tags, flatten
 
 REFERENCE = ("continuous", "incremental", "immediate")
 COLUMNS = (

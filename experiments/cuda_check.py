@@ -26,8 +26,9 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.window_sweep import compose_cfg
-from framework.app import build_engine, load
-from framework.registry import registry
+from framework.api.registry import registry
+from framework.run.app import build_engine, load
+from framework.run.summary import summarize
 from framework.workloads import build_workload
 
 
@@ -46,7 +47,7 @@ def run_once(overrides: list[str], loaded: tuple[Any, ...], specs: list[Any]) ->
         "forward_ms_per_step": 1e3 * sum(st.phase_s.get("forward", 0) for st in res.steps) / steps,
         "output_ms_per_step": 1e3 * sum(st.phase_s.get("output", 0) for st in res.steps) / steps,
         **{
-            k: res.summary[k]
+            k: summarize(res)[k]
             for k in (
                 "steps",
                 "transfers_per_step",

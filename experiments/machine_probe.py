@@ -33,8 +33,8 @@ import torch
 from transformers import DynamicCache
 
 from experiments.peers import plain_hf
-from framework.metrics import StepStats
-from framework.request import RequestSpec
+from framework.engine.counters import StepStats
+from framework.engine.request import RequestSpec
 
 
 @dataclass
@@ -87,7 +87,7 @@ def memory_bandwidth(mb: int, repeats: int, device: torch.device) -> float:
 def matmul_rate(n: int, repeats: int, device: torch.device) -> float:
     """GFLOP/s of an `n` x `n` fp32 matmul (2 n^3 FLOPs): the faster of PyTorch's stock
     matmul and, on a CPU with oneDNN, oneDNN's linear on a prepacked weight (the kernel the
-    engine runs, framework/packed_linear.py), so the ceiling is the machine's, not one
+    engine runs, framework/executors/packed_linear.py), so the ceiling is the machine's, not one
     library's."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)

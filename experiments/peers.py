@@ -30,9 +30,9 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
-from framework.metrics import StepStats
-from framework.packed_linear import stock_linears
-from framework.request import RequestSpec
+from framework.engine.counters import StepStats
+from framework.engine.request import RequestSpec
+from framework.executors.packed_linear import stock_linears
 
 CB_PAGE = 256  # tokens per page of transformers' continuous-batching cache (its default)
 

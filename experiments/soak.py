@@ -36,10 +36,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from framework.app import build_engine, load
-from framework.config import register_configs
-from framework.engine import RunResult
-from framework.metrics import StepStats
+from framework.engine.counters import StepStats
+from framework.engine.loop import RunResult
+from framework.run.app import build_engine, load
+from framework.run.config import register_configs
+from framework.run.summary import summarize
 from framework.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def buckets(steps: list[StepStats], n: int) -> list[dict[str, Any]]:
 def check_progress(result: RunResult) -> None:
     """The invariants beyond the engine's own: every request accounted for, and no request
     preempted more often than it got tokens (each admission yields one before the next)."""
-    s = result.summary
+    s = summarize(result)
     if s["requests_finished"] + s["requests_rejected"] != s["requests"]:
         raise AssertionError(f"unfinished requests: {s}")
     for seq in result.seqs:
@@ -179,7 +180,7 @@ def soak(
     waiting = np.array([st.waiting for st in result.steps], dtype=float)
     sched = np.array([st.phase_s.get("schedule", 0.0) for st in result.steps])
     slope = float(np.polyfit(waiting, sched, 1)[0]) * 1000 if np.ptp(waiting) > 0 else 0.0
-    s = result.summary
+    s = summarize(result)
     (_, rss_start, peak_start), (_, rss_end, peak_end) = probe.memory[0], probe.memory[-1]
     # Growth that stops is a warm-up (allocator pools, oneDNN's per-shape state); a leak
     # grows in the second half as in the first.

@@ -30,8 +30,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from framework.plots import num, plot_bars, read_csv
-from framework.tracking import environment_tags
+from framework.tracking.plots import num, plot_bars, read_csv
+from framework.tracking.tags import environment_tags
 
 
 class DifferentWork(RuntimeError):

@@ -29,10 +29,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from framework.app import build_engine, load
-from framework.config import register_configs
-from framework.metrics import PHASES
-from framework.registry import registry
+from framework.api.registry import registry
+from framework.engine.counters import PHASES
+from framework.run.app import build_engine, load
+from framework.run.config import register_configs
+from framework.run.summary import summarize
 from framework.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def sweep(
                     f"{policy} window {k}, max_tokens {n}: outputs differ from window "
                     f"{windows[0]}; not comparing different work"
                 )
-            s = result.summary
+            s = summarize(result)
             steps = max(s["steps"], 1)
             phase = {p: sum(st.phase_s.get(p, 0.0) for st in result.steps) / steps for p in PHASES}
             rows.append(

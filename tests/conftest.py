@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from framework.model_loader import TinySpec, load_model
+from framework.executors.model_loader import TinySpec, load_model
 
 # Property tests (tests/test_properties.py). `default`: few examples, derandomized (the same
 # examples on every machine, so CI is reproducible) and no example database. `long`: for soak

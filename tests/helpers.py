@@ -10,12 +10,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from framework.app import build_engine
-from framework.config import register_configs
-from framework.engine import RunResult
-from framework.greedy_check import Divergence, compare_greedy
-from framework.registry import registry
-from framework.request import RequestSpec
+from framework.api.registry import registry
+from framework.engine.loop import RunResult
+from framework.engine.request import RequestSpec
+from framework.run.app import build_engine
+from framework.run.config import register_configs
+from framework.run.greedy_check import Divergence, compare_greedy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 from experiments import benchmark, benchmark_report
 from experiments.machine_probe import Probe
 from experiments.peers import Served
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
 
 
 def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.observers import run_with_observers
+from framework.run.observers import run_with_observers
 from tests.helpers import ROOT, make_cfg
 
 REQUIRED_METRICS = [

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.summary import summarize
 from framework.workloads import build_workload
 from tests.helpers import make_cfg, run_engine
 
@@ -26,7 +27,7 @@ def straggler(tiny, *overrides: str):
 def test_straggler_static_pays_for_finished_rows(tiny, allocator: str) -> None:
     # Eight rows for 32 steps: 8 x 32 = 256 slots; kept 7 x 4 + 32 = 60.
     res = straggler(tiny, "scheduler=static", f"allocator={allocator}")
-    s = res.summary
+    s = summarize(res)
     assert s["steps"] == 32
     assert s["token_slots"] == 256
     assert s["tokens_kept"] == 60
@@ -44,7 +45,7 @@ def test_straggler_static_pays_for_finished_rows(tiny, allocator: str) -> None:
 def test_straggler_continuous_wastes_nothing(tiny, allocator: str) -> None:
     # Four steps of eight rows, then r7 alone for tokens 5..32: 28 steps of one row.
     res = straggler(tiny, "scheduler=continuous", f"allocator={allocator}")
-    s = res.summary
+    s = summarize(res)
     assert s["steps"] == 32
     assert s["token_slots"] == 8 * 4 + 28 == 60
     assert s["tokens_kept"] == 60
@@ -79,7 +80,7 @@ def test_tight_pool_incremental_preempts_newest_by_hand(tiny) -> None:
     # free, so the newest (r1, 16 tokens cached) is preempted. r0 finishes at step 10; r1
     # is prefilled again over 17 tokens at step 11 and needs 7 more steps: 18 steps.
     res = tight(tiny, "incremental")
-    s = res.summary
+    s = summarize(res)
     assert s["preemptions"] == 1
     assert s["recomputed_tokens"] == 16
     assert s["steps"] == 18
@@ -95,7 +96,7 @@ def test_tight_pool_incremental_preempts_newest_by_hand(tiny) -> None:
 def test_tight_pool_worst_case_serialises_without_preempting(tiny) -> None:
     # Each books ceil(25/16) = 2 of 3 blocks: one at a time, 10 steps each.
     res = tight(tiny, "worst_case")
-    s = res.summary
+    s = summarize(res)
     assert s["preemptions"] == 0
     assert s["steps"] == 20
     assert s["prefill_tokens"] == 30
@@ -111,7 +112,7 @@ def test_request_that_can_never_fit_is_rejected_and_the_rest_run(tiny) -> None:
         RequestSpec("huge", list(range(200, 240)), SamplingParams(max_tokens=4, ignore_eos=True)),
     ]
     res = run_engine(cfg, model, tok, specs)
-    assert res.summary["requests_rejected"] == 1
-    assert res.summary["requests_finished"] == 1
+    assert summarize(res)["requests_rejected"] == 1
+    assert summarize(res)["requests_finished"] == 1
     huge = next(s for s in res.seqs if s.id == "huge")
     assert "needs 3 blocks" in huge.reject_reason and "engine.num_blocks" in huge.reject_reason

@@ -12,7 +12,8 @@ from itertools import product
 
 import pytest
 
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
 COMBOS = list(product(["static", "continuous"], ["worst_case", "incremental"]))
@@ -51,7 +52,7 @@ def test_tiny_greedy_matches_hf_generate_under_every_policy(tiny, seed: int) -> 
         if blocks is not None:
             overrides.append(f"engine.num_blocks={blocks}")
         res = run_engine(make_cfg(*overrides), model, tok, specs)
-        assert res.summary["requests_finished"] == len(specs)
+        assert summarize(res)["requests_finished"] == len(specs)
         for seq in res.seqs:
             check_same_greedy(
                 model,
@@ -80,7 +81,7 @@ def test_tight_pool_really_preempts(tiny) -> None:
         tok,
         specs,
     )
-    assert res.summary["preemptions"] > 0
+    assert summarize(res)["preemptions"] > 0
     for seq in res.seqs:
         check_same_greedy(
             model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, refs[seq.id]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments import ab, window_sweep
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
 
 
 def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from framework.model_loader import load_model
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.model_loader import load_model
+from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
 SHAPE = dict(
@@ -121,10 +122,10 @@ def test_bfloat16_runs_and_keeps_its_books(tiny) -> None:
         for i in range(3)
     ]
     cfg = make_cfg("model=tiny", "dtype=bfloat16")
-    from framework.app import build_engine
-    from framework.registry import registry
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
 
     engine = build_engine(cfg, model, torch.device("cpu"), torch.bfloat16, registry().pm.hook)
     res = engine.run(specs, tok.eos_token_id)
-    assert res.summary["tokens_kept"] == 18
+    assert summarize(res)["tokens_kept"] == 18
     assert engine.executor.cache.k[0].dtype == torch.bfloat16

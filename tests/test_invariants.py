@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from framework.block_pool import BlockPool, BlockPoolError
-from framework.invariants import InvariantError, check_end
-from framework.policy import PolicyError, Scheduler
-from framework.request import RequestSpec, SamplingParams
+from framework.api.policy import PolicyError, Scheduler
+from framework.engine.block_pool import BlockPool, BlockPoolError
+from framework.engine.invariants import InvariantError, check_end
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.summary import summarize
 from tests.helpers import make_cfg, run_engine
 
 
@@ -33,9 +34,9 @@ def test_pool_refuses_double_ownership_and_foreign_frees() -> None:
 def test_end_check_catches_a_leaked_block(tiny) -> None:
     model, tok = tiny
     res = run_engine(make_cfg("model=tiny"), model, tok, specs())
-    from framework.metrics import Counters
+    from framework.engine.counters import Counters
 
-    n = res.summary["tokens_kept"]
+    n = summarize(res)["tokens_kept"]
     counters = Counters(tokens_kept=n, deferred_tokens=n)
     pool = BlockPool(8, 16)
     check_end(res.seqs, pool, counters, [])  # balanced books pass
@@ -50,8 +51,8 @@ def test_step_check_catches_blocks_held_outside_the_batch(tiny) -> None:
     model, tok = tiny
     import torch
 
-    from framework.app import build_engine
-    from framework.registry import registry
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
 
     engine = build_engine(
         make_cfg("model=tiny"), model, torch.device("cpu"), torch.float32, registry().pm.hook
@@ -75,8 +76,8 @@ def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
     model, tok = tiny
     import torch
 
-    from framework.app import build_engine
-    from framework.registry import registry
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
 
     engine = build_engine(
         make_cfg("model=tiny", "engine.max_num_seqs=2"),

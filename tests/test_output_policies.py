@@ -14,10 +14,11 @@ from itertools import product
 
 import pytest
 
-from framework.hookspecs import hookimpl  # noqa: F401  (documents where policies come from)
-from framework.policy import Allocator, PolicyConfig, PolicyError
-from framework.request import RequestSpec, SamplingParams
-from framework.sequence import Sequence
+from framework.api.hookspecs import hookimpl  # noqa: F401  (documents where policies come from)
+from framework.api.policy import Allocator, PolicyConfig, PolicyError
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.engine.sequence import Sequence
+from framework.run.summary import summarize
 from plugins.output.adaptive import best_window
 from tests.helpers import hf_greedy, make_cfg, run_engine
 
@@ -71,13 +72,13 @@ def test_every_window_reproduces_immediate_output(tiny, seed: int) -> None:
         if blocks:
             base.append(f"engine.num_blocks={blocks}")
         ref = run_engine(make_cfg(*base, "output=immediate"), model, tok, specs)
-        assert ref.summary["overshoot_tokens"] == 0
+        assert summarize(ref)["overshoot_tokens"] == 0
         for policy in [f"window={w}" for w in WINDOWS] + ["adaptive"]:
             over = ["output=adaptive"] if policy == "adaptive" else ["output=deferred", policy]
             res = run_engine(make_cfg(*base, *over), model, tok, specs)
             label = f"{sched}/{alloc}/{blocks}/{policy}"
             assert outputs(res) == outputs(ref), label
-            s = res.summary
+            s = summarize(res)
             assert s["deferred_tokens"] == (
                 s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
             ), label
@@ -103,7 +104,7 @@ def test_tight_pool_preempts_under_deferral(tiny) -> None:
     cfg = ["model=tiny", "allocator=incremental", "engine.block_size=4", "engine.num_blocks=12"]
     ref = run_engine(make_cfg(*cfg), model, tok, specs)
     res = run_engine(make_cfg(*cfg, "output=deferred", "window=4"), model, tok, specs)
-    assert res.summary["preemptions"] > 0
+    assert summarize(res)["preemptions"] > 0
     assert outputs(res) == outputs(ref)
 
 
@@ -117,10 +118,10 @@ def test_overshoot_is_counted_and_charged_to_waste(tiny) -> None:
             "r0", prompt, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=(stop,))
         )
     ]
-    immediate = run_engine(make_cfg("model=tiny"), model, tok, specs).summary
-    deferred = run_engine(
-        make_cfg("model=tiny", "output=deferred", "window=8"), model, tok, specs
-    ).summary
+    immediate = summarize(run_engine(make_cfg("model=tiny"), model, tok, specs))
+    deferred = summarize(
+        run_engine(make_cfg("model=tiny", "output=deferred", "window=8"), model, tok, specs)
+    )
     assert immediate["overshoot_tokens"] == 0 and immediate["waste_fraction"] == 0
     assert deferred["tokens_kept"] == immediate["tokens_kept"] == ref.index(stop) + 1
     assert deferred["overshoot_tokens"] > 0
@@ -135,9 +136,9 @@ def test_length_limit_needs_no_readback(tiny) -> None:
     model, tok = tiny
     specs = [RequestSpec("r0", [5, 6, 7], SamplingParams(max_tokens=64, ignore_eos=True))]
     for k in (1, 4, 16):
-        s = run_engine(
-            make_cfg("model=tiny", "output=deferred", f"window={k}"), model, tok, specs
-        ).summary
+        s = summarize(
+            run_engine(make_cfg("model=tiny", "output=deferred", f"window={k}"), model, tok, specs)
+        )
         assert s["overshoot_tokens"] == 0
         assert s["steps"] == 64
         assert s["transfers"] == -(-64 // k) if k > 1 else s["transfers"] == 64
@@ -161,8 +162,8 @@ class NoLookaheadAllocator(Allocator):
 def test_allocator_that_ignores_held_tokens_is_caught(tiny) -> None:
     import torch
 
-    from framework.app import build_engine
-    from framework.registry import registry
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
 
     model, tok = tiny
     specs = [RequestSpec("r0", [5, 6, 7], SamplingParams(max_tokens=40, ignore_eos=True))]
@@ -179,7 +180,7 @@ def test_allocator_that_ignores_held_tokens_is_caught(tiny) -> None:
         engine.p.names["allocator"] = "no_lookahead"
         return engine.run(specs, tok.eos_token_id)
 
-    assert run().summary["tokens_kept"] == 40  # immediate: nothing is held, no harm done
+    assert summarize(run())["tokens_kept"] == 40  # immediate: nothing is held, no harm done
     with pytest.raises(PolicyError, match=r"allocator policy 'no_lookahead'.*held on the device"):
         run("output=deferred", "window=8")
 
@@ -197,7 +198,7 @@ def test_adaptive_window_model() -> None:
 
 
 def test_bad_window_is_rejected_with_the_field(tiny, tmp_path) -> None:
-    from framework.observers import run_with_observers
+    from framework.run.observers import run_with_observers
 
     with pytest.raises(ValueError, match=r"window \(output.window\) must be >= 0"):
         run_with_observers(make_cfg("model=tiny", "output=deferred", "window=-1"), tmp_path)

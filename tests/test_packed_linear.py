@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from framework.packed_linear import (
+from framework.executors.packed_linear import (
     PACKED,
     can_pack,
     pack_linears,

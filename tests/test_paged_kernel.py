@@ -1,4 +1,4 @@
-"""The C++ decode-attention kernel (framework/kernels/) against the portable gather + SDPA
+"""The C++ decode-attention kernel (framework/executors/kernels/) against the portable gather + SDPA
 path it replaces on CPU fp32, and the engine's greedy text with it on and off."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import warnings
 import pytest
 import torch
 
-from framework.kernels.paged_decode import available, why_not
-from framework.kv_cache import KVCache
-from framework.paged_attention import PagedBatch, _decode
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.kv_cache import KVCache
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.kernels.paged_decode import available, why_not
+from framework.executors.paged_attention import PagedBatch, _decode
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
 CPU = torch.device("cpu")

@@ -24,16 +24,17 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 
-import framework.registry
-from framework import hookspecs
-from framework.hookspecs import hookimpl
-from framework.policy import EngineView, PolicyConfig, PolicyError, Preemption, Scheduler
-from framework.preflight import unknown_policies
-from framework.registry import PluginError, Registry, UnknownPolicyError, registry
-from framework.request import RequestSpec, SamplingParams
-from framework.sequence import Sequence, Status
+import framework.api.registry
+from framework.api import hookspecs
+from framework.api.admission import admit_fcfs, admit_in_order
+from framework.api.hookspecs import hookimpl
+from framework.api.policy import EngineView, PolicyConfig, PolicyError, Preemption, Scheduler
+from framework.api.registry import PluginError, Registry, UnknownPolicyError, registry
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.engine.sequence import Sequence, Status
+from framework.run.preflight import unknown_policies
+from framework.run.summary import summarize
 from plugins.preemption.priority import PriorityPreemption, PriorityPreemptionConfig
-from plugins.schedulers.admission import admit_fcfs, admit_in_order
 from plugins.schedulers.priority import PriorityScheduler, displace
 from plugins.schedulers.sjf import SJFConfig, SJFScheduler
 from tests.helpers import ROOT, make_cfg, run_engine
@@ -392,7 +393,7 @@ def test_priority_preemption_spares_the_urgent_requests(tiny: Any) -> None:
         specs,
     )
     preempted = {s.id for s in res.seqs if s.preemptions}
-    assert preempted == {"r0", "r2"} and res.summary["preemptions"] == 2
+    assert preempted == {"r0", "r2"} and summarize(res)["preemptions"] == 2
     assert finish_order(res.seqs)[:2] == ["r1", "r3"]
     fifo = run_engine(make_cfg("model=tiny", *pool), model, tok, specs)
     assert {s.id for s in fifo.seqs if s.preemptions} == {"r2", "r3"}  # newest, blind to priority
@@ -427,7 +428,7 @@ def rogue_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     )
     reg.add_plugin(module, "rogue", "nanoserve-rogue-plugin")
     reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.registry, "_REGISTRY", reg)
+    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
     yield
 
 
@@ -485,7 +486,7 @@ def example_registry(example_site: Path, monkeypatch: pytest.MonkeyPatch) -> Reg
     monkeypatch.syspath_prepend(str(example_site))
     reg = Registry.from_entry_points()
     reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.registry, "_REGISTRY", reg)
+    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
     return reg
 
 
@@ -521,7 +522,7 @@ def test_example_plugin_composes_validates_and_runs_in_process(
     )
     res = run_engine(cfg, model, tok, specs)
     assert {s.id for s in res.seqs if s.preemptions} == {"r0", "r2"}  # the least urgent
-    assert res.summary["requests_finished"] == 4
+    assert summarize(res)["requests_finished"] == 4
 
 
 def test_example_sjf_ages_long_waiters_to_the_front(example_registry: Registry) -> None:

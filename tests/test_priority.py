@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.summary import summarize
 from tests.helpers import make_cfg, run_engine
 
 
@@ -29,7 +30,7 @@ def test_urgent_arrival_displaces_a_running_request(tiny) -> None:
     )
     by_id = {s.id: s for s in res.seqs}
     assert by_id["low"].preemptions >= 1
-    assert res.summary["preemptions"] >= 1
+    assert summarize(res)["preemptions"] >= 1
     assert by_id["urgent"].finished_at < by_id["low"].finished_at
     assert {k: s.output_token_ids for k, s in by_id.items()} == alone
 
@@ -48,5 +49,5 @@ def test_fcfs_scheduler_never_displaces(tiny) -> None:
     )
     res = run_engine(make_cfg("model=tiny", "engine.max_num_seqs=1"), model, tok, [low, urgent])
     by_id = {s.id: s for s in res.seqs}
-    assert res.summary["preemptions"] == 0
+    assert summarize(res)["preemptions"] == 0
     assert by_id["low"].finished_at < by_id["urgent"].finished_at

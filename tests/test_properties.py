@@ -30,9 +30,10 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from framework.app import build_engine
-from framework.engine import RunResult
-from framework.request import RequestSpec, SamplingParams
+from framework.engine.loop import RunResult
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.app import build_engine
+from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, make_cfg
 
 SCHEDULERS = ("static", "continuous", "priority", "sjf")
@@ -224,7 +225,7 @@ def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: An
     note(f"python run.py model=tiny {' '.join(combo + limits)}")
     res = serve(tiny, combo + limits, specs, step_bound(specs))  # the end check runs inside
 
-    s = res.summary
+    s = summarize(res)
     assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)

@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-import framework.app as app
-import framework.engine as engine_module
-from framework.faults import GuardedHooks, HookError
-from framework.hookspecs import hookimpl
-from framework.invariants import InvariantError
-from framework.observers import run_with_observers
-from framework.policy import PolicyError
-from framework.registry import Provider, registry
-from framework.request import RequestSpec, SamplingParams
+import framework.engine.loop as engine_module
+import framework.run.app as app
+from framework.api.faults import GuardedHooks, HookError
+from framework.api.hookspecs import hookimpl
+from framework.api.policy import PolicyError
+from framework.api.registry import Provider, registry
+from framework.engine.invariants import InvariantError
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.observers import run_with_observers
+from framework.run.summary import summarize
 from plugins.schedulers.continuous import ContinuousScheduler
 from tests.helpers import make_cfg, run_engine
 
@@ -155,10 +156,12 @@ def test_broken_invariant_keeps_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe
 ) -> None:  # type: ignore[no-untyped-def]
     real = engine_module.check_step
+    calls = []
 
-    def check_step(engine, batch):  # type: ignore[no-untyped-def]
-        real(engine, batch)
-        if len(engine.steps) == 2:
+    def check_step(batch, **state):  # type: ignore[no-untyped-def]
+        real(batch, **state)
+        calls.append(batch)
+        if len(calls) == 3:  # after two whole steps, the third one's check fails
             raise InvariantError("books do not balance")
 
     monkeypatch.setattr(engine_module, "check_step", check_step)
@@ -413,6 +416,6 @@ def test_static_batch_under_a_tight_pool_makes_progress(tiny: Any, victim: str) 
         "engine.block_size=4",
         "engine.num_blocks=6",  # b alone needs (4 + 20) / 4 = 6 blocks
     )
-    s = run_engine(cfg, model, tok, specs).summary
+    s = summarize(run_engine(cfg, model, tok, specs))
     assert s["requests_finished"] == 2 and s["preemptions"] == 1
     assert s["max_preemptions_per_request"] == 1

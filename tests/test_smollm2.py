@@ -9,6 +9,7 @@ from itertools import product
 
 import pytest
 
+from framework.run.summary import summarize
 from framework.workloads import build_workload
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
@@ -33,7 +34,7 @@ def test_tight_pool_setting_preempts(smollm2, chat) -> None:
     specs, refs = chat
     cfg = make_cfg("model=smollm2", "allocator=incremental", "engine.num_blocks=14")
     res = run_engine(cfg, model, tok, specs)
-    assert res.summary["preemptions"] > 0
+    assert summarize(res)["preemptions"] > 0
     for seq in res.seqs:
         check_same_greedy(
             model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, refs[seq.id]
@@ -61,7 +62,7 @@ def test_greedy_matches_hf_generate(smollm2, chat, scheduler, allocator, blocks)
     if blocks:
         overrides.append(f"engine.num_blocks={blocks}")
     res = run_engine(make_cfg(*overrides), model, tok, specs)
-    assert res.summary["requests_finished"] == 8
+    assert summarize(res)["requests_finished"] == 8
     assert all(len(s.output_token_ids) == NEW for s in res.seqs)
     for seq in res.seqs:
         check_same_greedy(
@@ -112,7 +113,7 @@ def test_deferred_output_keeps_every_token(smollm2, chat, output) -> None:
         if tok.eos_token_id in ref:
             ref = ref[: ref.index(tok.eos_token_id) + 1]
         check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, ref)
-    s = res.summary
+    s = summarize(res)
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     if output != "adaptive" and output != "window=1":
         assert s["transfers_per_step"] < 1

@@ -25,12 +25,12 @@ from hydra import compose, initialize_config_dir
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from framework.hookspecs import hookimpl
-from framework.metrics import COUNT_KEYS
-from framework.observers import run_with_observers
-from framework.plots import PLOTS, assign_lanes, read_csv, request_spans
-from framework.registry import registry
-from framework.tracking import flatten, sweep_plan
+from framework.api.hookspecs import hookimpl
+from framework.api.registry import registry
+from framework.run.observers import run_with_observers
+from framework.run.summary import COUNT_KEYS
+from framework.tracking.plots import PLOTS, assign_lanes, read_csv, request_spans
+from framework.tracking.tags import flatten, sweep_plan
 from plugins.observers.mlflow_logger import MlflowLogger
 from tests.helpers import ROOT, make_cfg
 
@@ -345,8 +345,8 @@ def test_the_launcher_configs_compose() -> None:
 
 
 def test_the_ray_launcher_config_fits_the_plugin_schema() -> None:
-    """hydra-ray-launcher pulls in Ray (large) and is not installed by default: with it, the
-    config composes; without it, its body is checked against the plugin's schema
+    """hydra-ray-launcher pulls in Ray (large) and comes with the `ray` extra only: with it,
+    the config composes; without it, its body is checked against the plugin's schema
     (`RayLauncherConf`: `_target_`, `ray.init`, `ray.remote`), written out here."""
     try:
         import hydra_plugins.hydra_ray_launcher  # noqa: F401
@@ -355,6 +355,9 @@ def test_the_ray_launcher_config_fits_the_plugin_schema() -> None:
     else:
         launcher = compose_launcher("ray_cluster")
         assert launcher._target_.endswith("RayLauncher")
+        # The plugin's default 75 MB object store makes ray.init() refuse a running cluster.
+        assert launcher.ray.init.object_store_memory is None
+        assert launcher.ray.remote.num_cpus == 4  # tests/test_ray_cluster.py runs it for real
         return
     body = OmegaConf.load(ROOT / "conf" / "hydra" / "launcher" / "ray_cluster.yaml")
     assert list(body.defaults) == ["ray", "_self_"]
@@ -374,4 +377,5 @@ def test_the_ray_launcher_config_fits_the_plugin_schema() -> None:
         resolved = OmegaConf.to_container(merged, resolve=True)
     assert set(resolved) == {"_target_", "ray"} and set(resolved["ray"]) == {"init", "remote"}
     assert resolved["ray"]["init"]["address"] == "ray://head:10001"
+    assert resolved["ray"]["init"]["object_store_memory"] is None
     assert "MLFLOW_TRACKING_URI" in resolved["ray"]["init"]["runtime_env"]["env_vars"]

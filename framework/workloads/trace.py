@@ -23,7 +23,7 @@ import numpy as np
 from hydra.utils import to_absolute_path
 from transformers import PreTrainedTokenizerBase
 
-from framework.request import RequestSpec
+from framework.engine.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
 from framework.workloads.config import TraceWorkloadConfig
 from framework.workloads.text import exact_length_prompts

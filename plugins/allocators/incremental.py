@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.hookspecs import hookimpl
-from framework.policy import Allocator, PolicyConfig
-from framework.sequence import Sequence
+from framework.api import Allocator, PolicyConfig, Sequence, hookimpl
 
 
 @dataclass

@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from framework.hookspecs import hookimpl
-from framework.metrics import COUNT_KEYS
+from framework.api import hookimpl
+from framework.run.summary import COUNT_KEYS
 
 
 def _fmt(v: Any) -> str:

@@ -28,9 +28,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.hookspecs import hookimpl
-from framework.mlflow_store import TrackingStore
-from framework.tracking import (
+from framework.api import hookimpl
+from framework.tracking.store import TrackingStore
+from framework.tracking.tags import (
     PARENT_ENV,
     HydraJob,
     environment_tags,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from framework.hookspecs import hookimpl
+from framework.api import hookimpl
 
 
 class PlotsObserver:
@@ -35,7 +35,9 @@ class PlotsObserver:
     def _draw(self) -> None:
         if self.output_dir is None or not (self.output_dir / "steps.csv").is_file():
             return  # stopped before anything was written: nothing to draw
-        from framework.plots import save_run_plots  # matplotlib: imported only when drawing
+        from framework.tracking.plots import (
+            save_run_plots,  # matplotlib: imported only when drawing
+        )
 
         try:
             save_run_plots(self.output_dir)

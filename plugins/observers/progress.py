@@ -2,7 +2,7 @@
 terminal only (quiet when stderr is not a terminal: logs, CI, pipes).
 
 In a multirun started in one process the sweep's own bar of runs
-(`framework/sweep_progress.py`) stays above it: tqdm stacks the bars by itself.
+(`framework/tracking/sweep_progress.py`) stays above it: tqdm stacks the bars by itself.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from framework.hookspecs import hookimpl
+from framework.api import hookimpl
 
 
 class ProgressObserver:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.hookspecs import hookimpl
-from framework.policy import OutputPolicy, OutputView, PolicyConfig
+from framework.api import OutputPolicy, OutputView, PolicyConfig, hookimpl
 from plugins.output.deferred import keep_within
 
 

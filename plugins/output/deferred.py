@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from omegaconf import II
 
-from framework.hookspecs import hookimpl
-from framework.policy import OutputPolicy, OutputView, PolicyConfig
+from framework.api import OutputPolicy, OutputView, PolicyConfig, hookimpl
 
 
 def keep_within(held_steps: int, k: int) -> int:

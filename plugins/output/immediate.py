@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.hookspecs import hookimpl
-from framework.policy import OutputPolicy, OutputView, PolicyConfig
+from framework.api import OutputPolicy, OutputView, PolicyConfig, hookimpl
 
 
 @dataclass

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.hookspecs import hookimpl
-from framework.policy import EngineView, PolicyConfig, Preemption
-from framework.sequence import Sequence
+from framework.api import EngineView, PolicyConfig, Preemption, Sequence, hookimpl
 
 VICTIMS = ("newest", "oldest", "most_blocks")
 

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.hookspecs import hookimpl
-from framework.policy import EngineView, PolicyConfig, Scheduler
-from framework.sequence import Sequence
-from plugins.schedulers.admission import admit_fcfs
+from framework.api import EngineView, PolicyConfig, Scheduler, Sequence, admit_fcfs, hookimpl
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Pictures of a run, drawn from the files it left (`requests.csv`, `steps.csv`,
 `metrics.json`, `config.yaml`), so any old run folder can be drawn again:
 
-    python -m framework.plots outputs/2026-11-20/10-00-00
+    python -m framework.tracking.plots outputs/2026-11-20/10-00-00
 
 - `slot_timeline.png`: one lane per batch slot (`engine.max_num_seqs`) over the steps; each
   request is a coloured span, a finished row that stays in the forward (static batching's

@@ -8,55 +8,62 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from framework.block_pool import BlockPool
-from framework.metrics import Counters
-from framework.sequence import Sequence, Status
+from framework.engine.block_pool import BlockPool
+from framework.engine.counters import Counters
+from framework.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from framework.batch import StepBatch
-    from framework.engine import Engine
+    from framework.engine.batch import StepBatch
 
 
 class InvariantError(AssertionError):
     """The engine's bookkeeping is inconsistent: a bug, never a user error."""
 
 
-def check_step(engine: Engine, batch: StepBatch) -> None:
-    """O(running) checks after each step."""
-    lim = engine.limits
-    if len(batch.rows) > lim.max_num_seqs:
-        raise InvariantError(f"step ran {len(batch.rows)} rows > max_num_seqs {lim.max_num_seqs}")
-    if batch.num_tokens > lim.max_num_batched_tokens:
+def check_step(
+    batch: StepBatch,
+    *,
+    running: list[Sequence],
+    pool: BlockPool,
+    counters: Counters,
+    held_steps: int,
+    window: int,
+    output_name: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> None:
+    """O(running) checks after each step, on the engine's state passed in by name (this
+    module never imports the engine, which calls it)."""
+    if len(batch.rows) > max_num_seqs:
+        raise InvariantError(f"step ran {len(batch.rows)} rows > max_num_seqs {max_num_seqs}")
+    if batch.num_tokens > max_num_batched_tokens:
         raise InvariantError(
-            f"step ran {batch.num_tokens} tokens > "
-            f"max_num_batched_tokens {lim.max_num_batched_tokens}"
+            f"step ran {batch.num_tokens} tokens > max_num_batched_tokens {max_num_batched_tokens}"
         )
-    owned = sum(len(s.block_table) for s in engine.running)
-    if owned != engine.pool.num_used:
+    owned = sum(len(s.block_table) for s in running)
+    if owned != pool.num_used:
         raise InvariantError(
-            f"running rows hold {owned} blocks but the pool has {engine.pool.num_used} in use "
+            f"running rows hold {owned} blocks but the pool has {pool.num_used} in use "
             "(a leak, or blocks held by a sequence that is not running)"
         )
-    c = engine.counters
+    c = counters
     if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.abandoned_tokens + c.held_tokens:
         raise InvariantError(
             f"token conservation broken: deferred {c.deferred_tokens} != kept {c.tokens_kept}"
             f" + overshoot {c.overshoot_tokens} + abandoned {c.abandoned_tokens}"
             f" + held {c.held_tokens}"
         )
-    held = sum(s.num_held for s in engine.running)
+    held = sum(s.num_held for s in running)
     if held != c.held_tokens:
         raise InvariantError(
             f"rows hold {held} tokens on the device, the counter says {c.held_tokens}"
         )
-    window = engine.p.output.window()
-    if len(engine.held) > window:
+    if held_steps > window:
         raise InvariantError(
-            f"output policy {engine.p.names.get('output', '?')!r} left {len(engine.held)} steps "
-            f"held, over its window {window}"
+            f"output policy {output_name!r} left {held_steps} steps held, over its window {window}"
         )
-    for s in engine.running:
-        if not s.finished and s.num_computed > len(s.block_table) * engine.pool.block_size:
+    for s in running:
+        if not s.finished and s.num_computed > len(s.block_table) * pool.block_size:
             raise InvariantError(
                 f"{s.id} has {s.num_computed} tokens cached in {len(s.block_table)} blocks"
             )

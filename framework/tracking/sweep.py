@@ -30,8 +30,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from framework.mlflow_store import TrackingStore
-from framework.tracking import PARENT_ENV, environment_tags, sweep_plan
+from framework.tracking.store import TrackingStore
+from framework.tracking.tags import PARENT_ENV, environment_tags, sweep_plan
 
 SWEEP_FILES = (".md", ".csv", ".png", ".txt", ".yaml", ".json")
 

@@ -17,8 +17,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, IntervalSweep
 from hydra.errors import HydraException
 
-from framework.policy import GROUPS
-from framework.registry import Registry
+from framework.api.policy import GROUPS
+from framework.api.registry import Registry
 
 
 def command_line_overrides(argv: Sequence[str]) -> list[str]:

@@ -8,8 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from framework.app import RunInfo, serve
-from framework.registry import registry
+from framework.api.registry import registry
+from framework.run.app import RunInfo, serve
 
 
 def run_with_observers(

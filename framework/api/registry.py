@@ -24,8 +24,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from framework import hookspecs
-from framework.policy import API_VERSION, GROUPS, PolicyConfig
+from framework.api import hookspecs
+from framework.api.policy import API_VERSION, GROUPS, PolicyConfig
 
 _HOOK_OF_GROUP = {
     "scheduler": "register_schedulers",

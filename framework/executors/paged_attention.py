@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from framework.kernels.paged_decode import paged_decode
-from framework.kv_cache import KVCache
+from framework.engine.kv_cache import KVCache
+from framework.executors.kernels.paged_decode import paged_decode
 
 ATTN_NAME = "nanoserve_paged"
 
@@ -33,7 +33,7 @@ class PagedBatch:
     """Where each packed token's K/V goes and what each query may read.
 
     Decode rows (one query each) are attended together: on CPU fp32 by nanoserve's kernel,
-    which reads each row's blocks where they lie (`decode_kernel`, framework/kernels/);
+    which reads each row's blocks where they lie (`decode_kernel`, framework/executors/kernels/);
     elsewhere as one padded batch through SDPA, after gathering whole blocks (contiguous
     `block_size` slots) rather than single slots. Prefill rows one at a time, causally.
     """

@@ -11,16 +11,17 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from framework.block_pool import BlockPool
-from framework.config import check_fits, check_run, check_window
-from framework.engine import Engine, Limits, Policies, RunResult
-from framework.executor import HFExecutor
-from framework.faults import guard_hooks
-from framework.kv_cache import KVCache, blocks_in_budget, bytes_per_block
-from framework.model_loader import TinySpec, load_model, resolve_dtype
-from framework.registry import registry
-from framework.report import mark_complete, mark_incomplete, write_marker, write_results
-from framework.request import RequestSpec
+from framework.api.faults import guard_hooks
+from framework.api.registry import registry
+from framework.engine.block_pool import BlockPool
+from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
+from framework.engine.loop import Engine, Limits, Policies, RunResult
+from framework.engine.request import RequestSpec
+from framework.executors.hf import HFExecutor
+from framework.executors.model_loader import TinySpec, load_model, resolve_dtype
+from framework.run.config import check_fits, check_run, check_window
+from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
+from framework.run.summary import summarize
 from framework.workloads import build_workload, check_workload
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class RunInfo:
     output_dir: Path
     num_requests: int
     result: RunResult | None = None
+    summary: dict[str, Any] = field(default_factory=dict)  # metrics.json, once written
     texts: dict[str, str] = field(default_factory=dict)
 
 
@@ -196,9 +198,9 @@ def serve(
     except BaseException as error:  # Ctrl-C included: the measurements so far are kept
         abort(info, engine, tokenizer, hooks, error)
         raise
-    mark_complete(result.summary)
-    write_results(output_dir, cfg, result, info.texts)
-    hooks.on_run_end(run=info, summary=result.summary)
+    info.summary = mark_complete(summarize(result))
+    write_results(output_dir, cfg, result, info.summary, info.texts)
+    hooks.on_run_end(run=info, summary=info.summary)
     return info
 
 
@@ -211,10 +213,10 @@ def abort(info: RunInfo, engine: Engine, tokenizer: Any, hooks: Any, error: Base
     summary = mark_incomplete({}, error)
     try:
         result = engine.partial_result()
-        summary = mark_incomplete(result.summary, error)
-        info.result = result
+        summary = mark_incomplete(summarize(result), error)
+        info.result, info.summary = result, summary
         info.texts = decode_outputs(tokenizer, result)
-        write_results(info.output_dir, info.config, result, info.texts)
+        write_results(info.output_dir, info.config, result, summary, info.texts)
     except Exception as exc:
         log.exception("could not write the partial results of the stopped run")
         error.add_note(f"(the partial results could not be written: {exc!r})")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from framework.tracking import tracking_uri
+from framework.tracking.tags import tracking_uri
 
 T = TypeVar("T")
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call

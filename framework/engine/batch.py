@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from framework.request import SamplingParams
+from framework.engine.request import SamplingParams
 
 
 @dataclass

@@ -1,37 +1,21 @@
-"""The model runner: a StepBatch in, sampled token ids (a device tensor) out.
-
-`Executor` is the one seam between the engine and the model. The engine never touches
-logits; an executor that simulates costs instead of running a model can replace this one
-without changing any policy.
+"""The model runner for Hugging Face causal LMs: a StepBatch in, sampled token ids (a device
+tensor) out. It implements the engine's `Executor` protocol (`framework.engine.executor`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from framework.batch import StepBatch
-from framework.kernels.paged_decode import available
-from framework.kv_cache import KVCache
-from framework.packed_linear import pack_linears, unpack_linears
-from framework.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
-from framework.sampler import sample
-
-
-@dataclass
-class ExecResult:
-    tokens: torch.Tensor  # [rows] sampled ids, still on the device
-    forward_s: float  # the model call alone
-    sample_s: float
-    prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)
-
-
-class Executor(Protocol):
-    def execute(self, batch: StepBatch) -> ExecResult: ...
+from framework.engine.batch import StepBatch
+from framework.engine.executor import ExecResult
+from framework.engine.kv_cache import KVCache
+from framework.executors.kernels.paged_decode import available
+from framework.executors.packed_linear import pack_linears, unpack_linears
+from framework.executors.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
+from framework.executors.sampler import sample
 
 
 class HFExecutor:

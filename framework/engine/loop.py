@@ -16,14 +16,8 @@ from typing import Any
 
 import torch
 
-from framework.batch import Row, StepBatch
-from framework.block_pool import BlockPool
-from framework.costs import CostModel
-from framework.executor import Executor
-from framework.guard import Guarded
-from framework.invariants import InvariantError, check_end, check_step
-from framework.metrics import Counters, StepStats, summarize
-from framework.policy import (
+from framework.api.guard import Guarded
+from framework.api.policy import (
     Allocator,
     EngineView,
     OutputPolicy,
@@ -33,9 +27,15 @@ from framework.policy import (
     QueueView,
     Scheduler,
 )
-from framework.readback import Pending, Readback
-from framework.request import RequestSpec
-from framework.sequence import Sequence, Status
+from framework.engine.batch import Row, StepBatch
+from framework.engine.block_pool import BlockPool
+from framework.engine.costs import CostModel
+from framework.engine.counters import Counters, StepStats
+from framework.engine.executor import Executor
+from framework.engine.invariants import InvariantError, check_end, check_step
+from framework.engine.readback import Pending, Readback
+from framework.engine.request import RequestSpec
+from framework.engine.sequence import Sequence, Status
 
 
 @dataclass
@@ -67,9 +67,15 @@ class Policies:
 
 @dataclass
 class RunResult:
+    """What the engine counted in a run; `framework.run.summary.summarize` makes it the
+    flat summary of `metrics.json`."""
+
     seqs: list[Sequence]
     steps: list[StepStats]
-    summary: dict[str, Any]
+    counters: Counters
+    max_num_seqs: int
+    peak_blocks: int
+    num_blocks: int
 
 
 @dataclass
@@ -152,7 +158,7 @@ class Engine:
         """What has been measured so far: the whole result after `run`, or, after a run
         stopped by an error or Ctrl-C, the part worth writing down (marked incomplete by the
         caller)."""
-        summary = summarize(
+        return RunResult(
             self.seqs,
             self.steps,
             self.counters,
@@ -160,7 +166,6 @@ class Engine:
             self.pool.peak_used,
             self.pool.num_blocks,
         )
-        return RunResult(self.seqs, self.steps, summary)
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
@@ -288,7 +293,17 @@ class Engine:
             phase_s=phase,
         )
         if self.check_invariants:
-            check_step(self, batch)
+            check_step(
+                batch,
+                running=self.running,
+                pool=self.pool,
+                counters=self.counters,
+                held_steps=len(self.held),
+                window=self.p.output.window(),
+                output_name=self.p.names.get("output", "?"),
+                max_num_seqs=self.limits.max_num_seqs,
+                max_num_batched_tokens=self.limits.max_num_batched_tokens,
+            )
         self.hooks.on_step_end(stats=stats)
         lap("hooks")
         self.steps.append(stats)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.metrics import request_row
+from framework.run.summary import request_row
 
 if TYPE_CHECKING:
-    from framework.engine import RunResult
+    from framework.engine.loop import RunResult
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -29,9 +29,11 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
-def write_results(out: Path, cfg: DictConfig, result: RunResult, texts: dict[str, str]) -> None:
+def write_results(
+    out: Path, cfg: DictConfig, result: RunResult, summary: dict[str, Any], texts: dict[str, str]
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(result.summary, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _write_csv(out / "requests.csv", [request_row(s) for s in result.seqs])
     _write_csv(out / "steps.csv", [st.row() for st in result.steps])

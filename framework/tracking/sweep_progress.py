@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from framework.tracking import sweep_plan
+from framework.tracking.tags import sweep_plan
 
 
 class SweepProgress(Callback):

@@ -2,9 +2,9 @@
 params, the machine / git / package tags, and names that say what a run or sweep varied.
 
 Nothing here imports mlflow (that costs seconds), so `python run.py --help` stays fast.
-The talking to MLflow is in `framework/mlflow_store.py`; the observer that logs a run is
+The talking to MLflow is in `framework/tracking/store.py`; the observer that logs a run is
 `plugins/observers/mlflow_logger.py`, and the Hydra callback that makes a multirun one
-parent run is `framework/sweep_tracking.py`.
+parent run is `framework/tracking/sweep.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ PACKAGES = ("nanoserve", "torch", "transformers", "hydra-core", "omegaconf", "ml
 
 def tracking_uri(settings: Any) -> str:
     """Where runs go: the config's `mlflow.tracking_uri` (`MlflowConfig` in
-    framework/config.py) wins, then `MLFLOW_TRACKING_URI`, then a SQLite file in the cwd."""
+    framework/run/config.py) wins, then `MLFLOW_TRACKING_URI`, then a SQLite file in the cwd."""
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from framework.model_loader import TinySpec
+from framework.executors.model_loader import TinySpec
 
 
 @dataclass
@@ -23,11 +23,13 @@ class EngineConfig:
     num_blocks: int | None = None  # explicit pool size; None: size it from kv_memory_mb
     kv_memory_mb: float = 256.0
     check_invariants: bool = True
-    # CPU fp32: run Linear layers on weights prepacked for oneDNN (framework/packed_linear.py);
-    # false: PyTorch's stock linear, e.g. to measure what the packing buys.
+    # CPU fp32: run Linear layers on weights prepacked for oneDNN
+    # (framework/executors/packed_linear.py); false: PyTorch's stock linear, e.g. to measure
+    # what the packing buys.
     packed_linears: bool = True
     # CPU fp32: decode attention reads each row's KV blocks in place with nanoserve's C++
-    # kernel (framework/kernels/, compiled on first use); false: gather the blocks, then SDPA.
+    # kernel (framework/executors/kernels/, compiled on first use); false: gather the blocks,
+    # then SDPA.
     paged_kernel: bool = True
 
 
@@ -70,7 +72,7 @@ class RunConfig:
 
 def register_configs() -> None:
     """Schemas for the YAML groups, the workloads, and every registered policy."""
-    from framework.registry import registry
+    from framework.api.registry import registry
     from framework.workloads.config import register_workload_configs
 
     cs = ConfigStore.instance()

@@ -1,80 +1,29 @@
-"""What a run measured, kept in two kinds: counts that hold on any machine, and times that
-hold only on this one. The summary keys are a stable, documented interface (`metrics.json`).
+"""What a run measured, as the flat summary of `metrics.json`, kept in two kinds: counts that
+hold on any machine, and times that hold only on this one. The keys are a stable, documented
+interface; `COUNT_KEYS` names the counts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from framework.sequence import Sequence, Status
+from framework.engine.counters import PHASES
+from framework.engine.sequence import Sequence, Status
 
-PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks")
-
-
-@dataclass
-class StepStats:
-    step: int
-    time: float  # seconds since run start, at the end of the step
-    rows: int  # rows in the forward (finished rows of a static batch included)
-    prefill_rows: int
-    prefill_tokens: int
-    decode_rows: int
-    wasted_rows: int  # rows whose sampled token nobody keeps
-    tokens_kept: int  # tokens that reached an unfinished request this step
-    admitted: int
-    evicted: int
-    preempted: int
-    waiting: int
-    blocks_in_use: int
-    transfers: int
-    held_steps: int  # steps of sampled tokens still on the device after this step
-    window: float  # the output policy's window in force
-    phase_s: dict[str, float] = field(default_factory=dict)
-
-    def row(self) -> dict[str, Any]:
-        d = asdict(self)
-        for name in PHASES:
-            d[f"{name}_s"] = d["phase_s"].get(name, 0.0)
-        del d["phase_s"]
-        return d
-
-
-@dataclass
-class Counters:
-    """Whole-run counts, accumulated by the engine as it goes."""
-
-    token_slots: int = 0  # row-steps that sampled a token, kept or not
-    tokens_kept: int = 0
-    prefill_tokens: int = 0
-    preemptions: int = 0
-    recomputed_tokens: int = (
-        0  # tokens whose K/V was computed, dropped by preemption, computed again
-    )
-    transfers: int = 0  # device-to-host readbacks of sampled tokens
-    # Output accounting: deferred = tokens_kept + overshoot + abandoned + held, always.
-    deferred_tokens: int = 0  # sampled for a live request and held on the device
-    held_tokens: int = 0  # of those, still on the device
-    overshoot_tokens: int = 0  # arrived after their request's stop token: waste of the window
-    abandoned_tokens: int = 0  # their request was preempted while they were in flight
-    expected_overshoot: float = 0.0  # the model: (k + 1) / 2 rows per stop-finished request
+if TYPE_CHECKING:
+    from framework.engine.loop import RunResult
 
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def summarize(
-    seqs: list[Sequence],
-    steps: list[StepStats],
-    counters: Counters,
-    max_num_seqs: int,
-    peak_blocks: int,
-    num_blocks: int,
-) -> dict[str, Any]:
+def summarize(result: RunResult) -> dict[str, Any]:
     """The flat summary written to metrics.json (None where a value is undefined)."""
+    seqs, steps, counters = result.seqs, result.steps, result.counters
+    max_num_seqs = result.max_num_seqs
     done = [s for s in seqs if s.status == Status.RELEASED]
     n_steps = len(steps)
     ttft = [s.first_token_at - s.arrival for s in done if s.first_token_at is not None]
@@ -104,8 +53,8 @@ def summarize(
         "mean_rows": sum(st.rows for st in steps) / n_steps if n_steps else 0.0,
         "preemptions": counters.preemptions,
         "recomputed_tokens": counters.recomputed_tokens,
-        "peak_blocks": peak_blocks,
-        "num_blocks": num_blocks,
+        "peak_blocks": result.peak_blocks,
+        "num_blocks": result.num_blocks,
         "transfers": counters.transfers,
         "transfers_per_step": counters.transfers / n_steps if n_steps else 0.0,
         "deferred_tokens": counters.deferred_tokens,

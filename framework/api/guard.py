@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from framework.policy import PolicyError
+from framework.api.policy import PolicyError
 
 
 class Guarded:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from framework.batch import Row
+from framework.engine.batch import Row
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over the seed space
 

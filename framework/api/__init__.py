@@ -1,0 +1,58 @@
+"""The plugin contract, in one import: everything a policy or observer plugin needs.
+
+    from framework.api import hookimpl, Scheduler, PolicyConfig, EngineView, admit_in_order
+
+Policy API version 1 (`API_VERSION`). The modules behind it:
+- `policy`: the four policy base classes, their views and `PolicyError` (the contract);
+- `hookspecs`: the pluggy hooks, `register_*` and the observer hooks;
+- `admission`: the shared admission loop under the engine's budgets;
+- `registry`: how entry points become named policies (and their Hydra configs);
+- `guard`, `faults`: naming the plugin when a policy or observer raises.
+
+What a plugin reads of the engine's state (`Sequence`, `Status`, `RequestSpec`,
+`SamplingParams`, `StepStats`) is re-exported here, so a plugin never imports from the
+engine's own modules, which may move.
+"""
+
+from framework.api.admission import OrderKey, admit_fcfs, admit_in_order
+from framework.api.hookspecs import PROJECT, hookimpl, hookspec
+from framework.api.policy import (
+    API_VERSION,
+    Allocator,
+    EngineView,
+    OutputPolicy,
+    OutputView,
+    PolicyConfig,
+    PolicyError,
+    Preemption,
+    QueueView,
+    Scheduler,
+)
+from framework.engine.counters import PHASES, StepStats
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.engine.sequence import Sequence, Status
+
+__all__ = [
+    "API_VERSION",
+    "PHASES",
+    "PROJECT",
+    "Allocator",
+    "EngineView",
+    "OrderKey",
+    "OutputPolicy",
+    "OutputView",
+    "PolicyConfig",
+    "PolicyError",
+    "Preemption",
+    "QueueView",
+    "RequestSpec",
+    "SamplingParams",
+    "Scheduler",
+    "Sequence",
+    "Status",
+    "StepStats",
+    "admit_fcfs",
+    "admit_in_order",
+    "hookimpl",
+    "hookspec",
+]

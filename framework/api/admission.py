@@ -1,0 +1,55 @@
+"""Admission under the engine's budgets in a policy's order, shared by the built-in
+schedulers (a third party may import it too: `from framework.api.admission import
+admit_in_order`).
+
+A scheduler that differs only in who goes first (FCFS, priority, shortest job first) passes
+an ordering key; the budget arithmetic stays in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from framework.api.policy import EngineView
+from framework.engine.sequence import Sequence
+
+OrderKey = Callable[[Sequence], Any]
+
+
+def admit_fcfs(view: EngineView, limit: int | None = None) -> list[Sequence]:
+    """Admit in waiting-queue order: arrival order, preempted requests at the head."""
+    return admit_in_order(view, None, limit)
+
+
+def admit_in_order(
+    view: EngineView, key: OrderKey | None = None, limit: int | None = None
+) -> list[Sequence]:
+    """Admit waiting requests in `key` order while rows, tokens and blocks allow.
+
+    `key` ranks the waiting queue (smallest first); the sort is stable, so ties keep the
+    queue's order (preempted requests first, then by arrival). None keeps the queue's order.
+    `limit` caps how many are admitted this step.
+
+    Stops at the first request that does not fit rather than skipping ahead: skipping would
+    starve a large request behind a stream of smaller ones that each happen to fit.
+    """
+    # In queue order, walk the queue lazily: the loop stops at the first misfit, so FCFS
+    # costs the same with ten or ten thousand waiting.
+    queue = view.waiting if key is None else sorted(view.waiting, key=key)
+    rows = sum(1 for _ in view.running)
+    tokens = view.step_tokens()
+    free = view.free_blocks
+    slots = view.max_num_seqs - rows if limit is None else min(limit, view.max_num_seqs - rows)
+    admitted: list[Sequence] = []
+    for seq in queue:
+        if len(admitted) >= slots:
+            break
+        need_tokens = seq.step_tokens
+        need_blocks = view.blocks_to_admit(seq)
+        if tokens + need_tokens > view.max_num_batched_tokens or need_blocks > free:
+            break
+        admitted.append(seq)
+        tokens += need_tokens
+        free -= need_blocks
+    return admitted

@@ -1,0 +1,233 @@
+"""The policy API, version 1 (`API_VERSION`): what a policy may read, what it returns, and
+what happens when a decision breaks the contract. Third-party plugins build on this module
+and on `framework.api.hookspecs`; nothing else in `framework/` is part of the contract.
+
+Policies decide; only the engine mutates. A policy receives a view, returns a decision, and
+the engine validates the decision before applying it. A policy never allocates or frees a
+KV block, moves a request between queues, or appends a token: it names what should happen.
+
+Four groups, one policy of each per run:
+- Scheduler: which finished rows leave the batch (`evict`) and who is admitted (`admit`).
+- Allocator: how many blocks a sequence needs at admission and before each step.
+- Preemption: which running rows give up their blocks when the pool is dry.
+- OutputPolicy: how long sampled tokens stay on the device before they are read back.
+
+Registering (see `framework.api.hookspecs` and `framework.api.registry`)
+    A plugin is a module that an entry point of the `nanoserve` group names. It implements
+    `register_schedulers(register)` (or `register_allocators`, `register_preemptions`,
+    `register_outputs`) and calls `register(name, PolicyClass, ConfigClass)`: the class
+    subclasses its group's base below, the config is a dataclass subclassing `PolicyConfig`.
+    The config's fields are the policy's options (`scheduler.<field>=...` on the command
+    line); Hydra checks their types when it composes the config, and the policy's
+    `__init__(cfg)` gets a typed instance (do range checks there and raise ValueError naming
+    `group.field`). Names are unique per group across every installed plugin. A module may
+    declare `NANOSERVE_API = 1`; a plugin written for another version is reported and
+    skipped, not loaded.
+
+What a policy may read
+    `EngineView` (schedulers, preemption): `now` and `step`; the queues, `waiting` (arrived
+    and not running: FCFS, preempted requests at the head) and `running` (the rows of the
+    next forward in admission order, finished rows included while the scheduler keeps
+    them); `free_blocks` (after this step's growth of the running rows is set aside),
+    `block_size`, `num_blocks`; the budgets `max_num_seqs` and `max_num_batched_tokens`;
+    `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens.
+    Each `Sequence`, read-only: `id`, `priority` (lower is more urgent), `arrival`,
+    `sampling` (`max_tokens`, temperature, ...), `spec` (the `RequestSpec`, prompt included),
+    the lengths `prompt_len`, `num_tokens`, `num_computed`, `step_tokens`, `remaining`,
+    `output_token_ids`, `block_table` (the blocks it holds), `admit_order` (larger is newer),
+    `preemptions`, `status`, `finished`, and the timestamps `admitted_at`, `first_token_at`.
+    `OutputView` (output policies) carries measured costs: `transfer_s` (one host
+    readback) and `row_s` (one more decode row in a forward). Any plugin may also watch each
+    step's measured counts and phase times through the observer hook `on_step_end`.
+
+What a policy returns, and what the engine checks
+    - `Scheduler.evict`: finished running rows only.
+    - `Scheduler.admit`: waiting sequences, each once, that fit with the running rows within
+      `max_num_seqs`, `max_num_batched_tokens` and the free blocks at the allocator's price.
+      Admitting nothing while the engine is idle and requests wait is an error too.
+    - `Allocator.blocks_to_admit` / `blocks_to_grow`: at least enough blocks for the tokens
+      the sequence will have in its cache.
+    - `Preemption.victims`: unfinished running rows, at least one while the pool is short.
+    - `OutputPolicy.keep`: between 0 and the number of held steps.
+    A decision that breaks these raises `PolicyError("<group> policy '<name>': <what>")`.
+    Names are unique per group, so the name identifies the plugin (an unknown name on the
+    command line lists every name with the distribution providing it). Blocks
+    move only through the engine's `BlockPool`, which refuses a second owner and a free by
+    a non-owner (`BlockPoolError`), and the invariant checks at every step catch state
+    changed behind the engine's back.
+
+Versioning
+    `API_VERSION` changes when a change can break an existing plugin: a removed or renamed
+    view field, a changed meaning, a new abstract method. Additions (a view field, an
+    optional method with a default) keep the version.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from framework.engine.sequence import Sequence
+
+API_VERSION = 1
+
+
+class PolicyError(RuntimeError):
+    """A policy returned a decision that breaks the contract."""
+
+
+@dataclass
+class PolicyConfig:
+    """Base of every policy's options. `name` is the registered name (the config choice)."""
+
+    name: str = ""
+
+
+class QueueView(Seq["Sequence"]):
+    """A read-only view of the engine's waiting deque.
+
+    Made in O(1) each step, where a tuple copy would cost O(queue) every step and make the
+    schedule's cost grow with the backlog. Iterating is lazy; indexing near either end is
+    cheap (a deque's middle is O(n), as ever).
+    """
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: deque[Sequence]) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._queue)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Sequence]: ...
+    def __getitem__(self, index: int | slice) -> Sequence | list[Sequence]:
+        if isinstance(index, slice):
+            return list(self._queue)[index]
+        return self._queue[index]
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """A snapshot of engine state for one decision. Do not mutate what it holds."""
+
+    now: float
+    step: int
+    waiting: Seq[Sequence]  # arrived, FCFS order (preempted requests at the head)
+    running: Seq[Sequence]  # rows of the next forward, admission order; may hold FINISHED rows
+    free_blocks: int  # after the running rows' growth for this step is set aside
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    blocks_to_admit: Callable[[Sequence], int]  # the allocator's price of admitting a sequence
+    last_step: Any = None  # the previous step's StepStats (measured counts and phase seconds)
+
+    def step_tokens(self) -> int:
+        """Tokens the running rows will put in the next forward (prefill rows count whole)."""
+        return sum(s.step_tokens for s in self.running)
+
+
+class Scheduler(ABC):
+    """Chooses the batch. Called twice per step: `evict` first, then `admit`."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def evict(self, view: EngineView) -> list[Sequence]:
+        """Finished rows to release before the forward (a subset of finished running rows)."""
+
+    @abstractmethod
+    def admit(self, view: EngineView) -> list[Sequence]:
+        """Waiting sequences to admit now, in order. The engine checks every budget again."""
+
+    def displace(self, view: EngineView) -> list[Sequence]:
+        """Unfinished running rows to preempt now so that a waiting request can be admitted
+        (priority scheduling). Called after `evict` and growth, before `admit`; the engine
+        preempts them by the preemption policy's mechanism (free blocks, requeue). Default:
+        none, so schedulers that never displace need not implement it."""
+        return []
+
+
+class Allocator(ABC):
+    """Prices blocks. The engine does the allocating; this says how many."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def blocks_to_admit(self, seq: Sequence, block_size: int) -> int:
+        """Blocks a waiting sequence must be given when admitted."""
+
+    @abstractmethod
+    def blocks_to_grow(self, seq: Sequence, block_size: int, lookahead: int) -> int:
+        """Extra blocks a running sequence needs before the next forward writes its K/V.
+
+        `lookahead` is how many tokens beyond `seq.num_tokens` are already sampled and
+        held on the device: they are in the cache before they are in the request.
+        """
+
+
+class Preemption(ABC):
+    """Names the victims when running rows need blocks the pool does not have."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def victims(self, view: EngineView, blocks_short: int) -> list[Sequence]:
+        """Running, unfinished sequences to preempt (the engine frees and requeues them).
+
+        The engine calls again while the pool is still short, so returning one victim at a
+        time is fine. Returning none while short is an error.
+        """
+
+
+@dataclass(frozen=True)
+class OutputView:
+    """What an output policy sees after a forward, when deciding how long tokens stay held.
+
+    Every step's sampled tokens are first held on the device. The engine has already drained
+    everything if the rows changed; what remains are steps over the same rows.
+    """
+
+    step: int
+    held_steps: int  # steps whose sampled tokens are on the device, the newest included
+    running: Seq[Sequence]
+    transfer_s: float | None  # measured seconds of one host readback (None: not measured yet)
+    row_s: float | None  # measured seconds one more decode row adds to a forward
+
+
+class OutputPolicy(ABC):
+    """Decides how many of the newest held steps may stay on the device after this step."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def keep(self, view: OutputView) -> int:
+        """How many newest steps stay held (0..held_steps); the older ones are brought home
+        now in one concatenation and one transfer. 0 reads everything back at once."""
+
+    def window(self) -> float:
+        """The window in force (for logs): the most steps this policy lets stay held."""
+        return 0.0
+
+
+GROUPS: dict[str, type] = {
+    "scheduler": Scheduler,
+    "allocator": Allocator,
+    "preemption": Preemption,
+    "output": OutputPolicy,
+}

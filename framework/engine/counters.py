@@ -1,0 +1,60 @@
+"""The engine's books: one `StepStats` per step and the run's running `Counters`.
+
+They hold only what the engine itself counted; turning them into the flat summary of a run
+(`metrics.json`) is the run's job (`framework.run.summary`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks")
+
+
+@dataclass
+class StepStats:
+    step: int
+    time: float  # seconds since run start, at the end of the step
+    rows: int  # rows in the forward (finished rows of a static batch included)
+    prefill_rows: int
+    prefill_tokens: int
+    decode_rows: int
+    wasted_rows: int  # rows whose sampled token nobody keeps
+    tokens_kept: int  # tokens that reached an unfinished request this step
+    admitted: int
+    evicted: int
+    preempted: int
+    waiting: int
+    blocks_in_use: int
+    transfers: int
+    held_steps: int  # steps of sampled tokens still on the device after this step
+    window: float  # the output policy's window in force
+    phase_s: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in PHASES:
+            d[f"{name}_s"] = d["phase_s"].get(name, 0.0)
+        del d["phase_s"]
+        return d
+
+
+@dataclass
+class Counters:
+    """Whole-run counts, accumulated by the engine as it goes."""
+
+    token_slots: int = 0  # row-steps that sampled a token, kept or not
+    tokens_kept: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = (
+        0  # tokens whose K/V was computed, dropped by preemption, computed again
+    )
+    transfers: int = 0  # device-to-host readbacks of sampled tokens
+    # Output accounting: deferred = tokens_kept + overshoot + abandoned + held, always.
+    deferred_tokens: int = 0  # sampled for a live request and held on the device
+    held_tokens: int = 0  # of those, still on the device
+    overshoot_tokens: int = 0  # arrived after their request's stop token: waste of the window
+    abandoned_tokens: int = 0  # their request was preempted while they were in flight
+    expected_overshoot: float = 0.0  # the model: (k + 1) / 2 rows per stop-finished request

@@ -1,0 +1,34 @@
+"""The one seam between the engine and what runs the model: a `StepBatch` in, an `ExecResult`
+out.
+
+The engine never touches logits or weights, and never imports an executor: whatever is
+handed to it with an `execute` method serves. The Hugging Face runner
+(`framework.executors.hf.HFExecutor`) is one; an executor that predicts costs instead of
+running a model can replace it without changing any policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from framework.engine.batch import StepBatch
+
+
+@dataclass
+class ExecResult:
+    """One step's sampled tokens and what producing them cost."""
+
+    tokens: torch.Tensor  # [rows] sampled ids, still on the device
+    forward_s: float  # the model call alone
+    sample_s: float
+    prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)
+
+
+class Executor(Protocol):
+    """Runs one step: every row of `batch` through the model, one token sampled per row."""
+
+    def execute(self, batch: StepBatch) -> ExecResult: ...

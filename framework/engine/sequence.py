@@ -1,0 +1,108 @@
+"""The engine's mutable state for one request: tokens, cache blocks, status and timestamps.
+
+Only the engine mutates a Sequence; policies read it (see `framework.api.policy`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from framework.engine.request import RequestSpec, SamplingParams
+
+
+class Status(enum.Enum):
+    PENDING = "pending"  # not yet arrived (open loop)
+    WAITING = "waiting"  # arrived, queued for admission (again, after a preemption)
+    RUNNING = "running"  # holds blocks and a batch row
+    FINISHED = "finished"  # owes no more tokens; may still hold a row (static batching)
+    RELEASED = "released"  # finished and its blocks are back in the pool
+    REJECTED = "rejected"  # can never run here; see `reject_reason`
+
+
+@dataclass(eq=False)  # identity: two requests with equal fields are still two requests
+class Sequence:
+    spec: RequestSpec
+    eos_token_id: int | None
+    status: Status = Status.PENDING
+    output_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V is in this sequence's blocks
+    num_held: int = 0  # sampled tokens still on the device: in the cache, not yet in the request
+    finish_reason: str | None = None
+    reject_reason: str | None = None
+    preemptions: int = 0
+    admit_order: int = -1  # monotone admission counter: newest has the largest
+    # Seconds since run start; None until it happens.
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    released_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.spec.sampling
+
+    @property
+    def arrival(self) -> float:
+        return self.spec.arrival
+
+    @property
+    def priority(self) -> int:
+        """The request's priority: lower is more urgent (see `RequestSpec`)."""
+        return self.spec.priority
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.spec.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus every generated token the host has applied."""
+        return self.prompt_len + len(self.output_token_ids)
+
+    @property
+    def max_len(self) -> int:
+        """The longest this sequence can get: what a worst-case reservation books."""
+        return self.prompt_len + self.sampling.max_tokens
+
+    @property
+    def remaining(self) -> int:
+        return self.sampling.max_tokens - len(self.output_token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        """True when the next forward must compute more than one token for this row."""
+        return self.total_len - self.num_computed > 1
+
+    @property
+    def total_len(self) -> int:
+        """The length the device knows: applied tokens plus tokens held on the device."""
+        return self.num_tokens + self.num_held
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the next forward computes for this row (a finished row still costs one)."""
+        return 1 if self.finished else self.total_len - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        """Needs no more forwards: its stop token has been seen, or every token it is owed
+        has been sampled (a length limit is known on the host without reading any value)."""
+        return self.finish_reason is not None or (
+            len(self.output_token_ids) + self.num_held >= self.sampling.max_tokens
+        )
+
+    def all_token_ids(self) -> list[int]:
+        return list(self.spec.prompt_token_ids) + self.output_token_ids
+
+    def stop_ids(self) -> frozenset[int]:
+        ids = set(self.sampling.stop_token_ids)
+        if not self.sampling.ignore_eos and self.eos_token_id is not None:
+            ids.add(self.eos_token_id)
+        return frozenset(ids)

@@ -1,0 +1,140 @@
+"""A sweep on a real Ray cluster: a local head node on 127.0.0.1 (2 CPUs), a two-job sweep
+through `hydra/launcher=ray_cluster` against it, both jobs finished and nested under one
+MLflow parent run (docs/scale-out.md says what this does and does not prove).
+
+Needs the `ray` extra (`pip install -e '.[ray]'`, which `make test` installs); skipped
+without it. The cluster is started in its own process group and that group is killed at the
+end, so no `ray stop` (which would stop every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120
+SWEEP_TIMEOUT_S = 420
+# Set by the suite (conftest) or a sweep: kept from the cluster's processes, so a job sees
+# the store only if the launcher config's runtime_env passes it on.
+NOT_INHERITED = ("MLFLOW_TRACKING_URI", "NANOSERVE_MLFLOW_PARENT", "RAY_ADDRESS")
+
+
+def free_ports(n: int) -> list[int]:
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
+def stop_group(pgid: int) -> None:
+    """SIGTERM to every process of the cluster, SIGKILL to those left after 15 s."""
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A Ray head node on 127.0.0.1 with 2 CPUs; yields its address (`127.0.0.1:PORT`)."""
+    # A short folder: Ray's unix sockets live in it (at most 107 characters a path).
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    gcs, client, dashboard, agent = free_ports(4)
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    cmd = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head",
+        "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=2", "--num-gpus=0",
+        "--include-dashboard=false", f"--dashboard-port={dashboard}",
+        f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]  # fmt: skip
+    log = Path(temp_dir) / "start.log"
+    with log.open("w") as out:
+        # A session of its own: the head's daemons stay in this process group after
+        # `ray start` returns, and the teardown kills that group.
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        try:
+            rc = proc.wait(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"ray start took over {START_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
+        assert rc == 0, f"ray start failed ({rc}):\n{log.read_text()[-3000:]}"
+        yield f"127.0.0.1:{gcs}"
+    finally:
+        stop_group(proc.pid)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_sweep_on_a_ray_cluster_is_one_parent_with_a_child_per_job(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "multirun"
+    before = set(os.listdir(ROOT))
+    # The store reaches the jobs only through the config's runtime_env (see NOT_INHERITED).
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "MLFLOW_TRACKING_URI": uri}
+    env.pop("NANOSERVE_MLFLOW_PARENT", None)
+    proc = subprocess.run(
+        [sys.executable, "run.py", "-m", "hydra/launcher=ray_cluster",
+         "hydra.launcher.ray.remote.num_cpus=1", "model=tiny", "workload=straggler",
+         "scheduler=static,continuous", "observers=[console,mlflow]", "mlflow.experiment=ray",
+         f"hydra.sweep.dir={sweep}", "threads=1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
+
+    # Both jobs ran to the end, each as a task of the Ray launcher (its job ids).
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1"]
+    for job in jobs:
+        summary = (job / "metrics.json").read_text()
+        assert '"incomplete": false' in summary, summary[:500]
+        hydra_yaml = (job / ".hydra" / "hydra.yaml").read_text()
+        assert f"id: job_id_for_{job.name}" in hydra_yaml
+
+    # One parent run, its two children FINISHED and named after what they varied.
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ray")
+    assert exp is not None, f"no experiment 'ray' in {uri}"
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, [r.info.run_name for r in runs]
+    (parent,) = parents
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["nanoserve.sweep_dir"] == str(sweep.resolve())
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(runs) - 1 == 2
+    assert sorted(c.info.run_name for c in children) == ["scheduler=continuous", "scheduler=static"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert all(c.data.tags["nanoserve.kind"] == "job" for c in children)
+    assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
