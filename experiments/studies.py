@@ -18,7 +18,6 @@ describe only the machine named in the table's heading.
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 import time
@@ -31,6 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from framework.tracking.plots import num, plot_bars, read_csv
+from framework.tracking.tables import job_folders, markdown_table, write_csv
 from framework.tracking.tags import environment_tags
 
 
@@ -68,10 +68,7 @@ def load_run(folder: Path) -> RunRecord:
 def load_sweep(sweep_dir: Path) -> list[RunRecord]:
     """Every job folder of a sweep (those with a `.hydra` folder), in job order. A job
     without results (it failed) stops the study: a table with a hole would mislead."""
-    jobs = sorted(
-        (p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()),
-        key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name),
-    )
+    jobs = job_folders(sweep_dir)
     missing = [p.name for p in jobs if not (p / "metrics.json").is_file()]
     if missing or not jobs:
         raise FileNotFoundError(
@@ -253,15 +250,7 @@ STUDIES: dict[str, Study] = {
 }
 
 
-# ---- the report ---------------------------------------------------------------------------
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
+# ---- the report (the format: framework/tracking/tables.py) --------------------------------
 def build_rows(study: Study, runs: list[RunRecord], params: dict[str, Any]) -> list[dict]:
     check_same_work(runs, study.group)
     return [{name: fn(run, params) for name, fn in study.labels + study.columns} for run in runs]
@@ -286,14 +275,9 @@ def write_report(name: str, runs: list[RunRecord], params: dict[str, Any], out: 
     params = {**study.defaults, **params}
     rows = build_rows(study, runs, params)
     cols = list(rows[0])
-    with (out / f"{name}.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    table += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in rows]
+    write_csv(rows, cols, out / f"{name}.csv")
     note = study.note.format(**params)
-    text = f"## {study.title}\n\n{heading(runs)}\n\n" + "\n".join(table) + f"\n\n{note}\n"
+    text = f"## {study.title}\n\n{heading(runs)}\n\n{markdown_table(rows, cols)}\n\n{note}\n"
     md = out / f"{name}.md"
     md.write_text(text)
     for r in rows:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,11 @@ from framework.api.policy import PolicyError
 from framework.api.registry import Provider, registry
 from framework.engine.invariants import InvariantError
 from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.errors import Refused, UserError
 from framework.run.observers import run_with_observers
 from framework.run.summary import summarize
 from plugins.schedulers.continuous import ContinuousScheduler
-from tests.helpers import make_cfg, run_engine
+from tests.helpers import ROOT, assert_refused, cli, make_cfg, run_engine
 
 QUICK = ("model=tiny", "workload=straggler", "print_outputs=false")
 
@@ -343,10 +346,14 @@ BAD_INPUT: list[tuple[tuple[str, ...], str, bool]] = [
 def test_bad_input_is_refused_before_any_work(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
     overrides: tuple[str, ...],
     expected: str,
     before_loading: bool,
 ) -> None:
+    """Each refusal as the user meets it: `python run.py ...` exits 2 with one `error:`
+    line naming the field, no traceback, and no result written; and the same check raises
+    `UserError` (a ValueError) for callers of `serve` (notebooks, the benchmark)."""
     _write_inputs(tmp_path)
     if before_loading:
 
@@ -355,12 +362,93 @@ def test_bad_input_is_refused_before_any_work(
 
         monkeypatch.setattr(app, "load", no_loading)
     out = tmp_path / "out"
-    cfg = make_cfg("model=tiny", "workload=straggler", *(o.format(tmp=tmp_path) for o in overrides))
-    with pytest.raises(
-        (ValueError, FileNotFoundError), match=re.escape(expected.format(tmp=tmp_path))
-    ):
-        run_with_observers(cfg, out)
-    assert not out.exists(), "nothing may be written for a run refused up front"
+    args = ["model=tiny", "workload=straggler", "observers=[console]"]
+    args += [o.format(tmp=tmp_path) for o in overrides]
+    status, _, err = cli(capsys, *args, f"hydra.run.dir={out}")
+    assert_refused(status, err, expected.format(tmp=tmp_path))
+    assert not list(out.glob("*.json*")) and not list(out.glob("*.csv")), "results were written"
+
+    cfg = make_cfg(*args)
+    with pytest.raises(UserError, match=re.escape(expected.format(tmp=tmp_path))):
+        run_with_observers(cfg, tmp_path / "direct")
+    assert not (tmp_path / "direct").exists(), "nothing may be written for a refused run"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("engine.foo=1",), "engine.foo is not a setting of the engine group; its settings are: "),
+        (("scheduler.foo=1",), "scheduler.foo is not a setting of the scheduler group"),
+        (("engine.block_size=abc",), "engine.block_size=abc: Value 'abc' of type 'str' could not"),
+        (("model=nope",), "model=nope: no such choice; model accepts hf, smollm2, tiny"),
+        (("+experiment=nope",), "experiment=nope: no such choice; experiment accepts allocation"),
+        (("scheduler=fifo",), "unknown policy scheduler=fifo; scheduler offers continuous"),
+        (("-m", "scheduler=static,fifo"), "unknown policy scheduler=fifo"),
+        (("-m", "engine.block_size=4,abc"), "engine.block_size=abc: Value 'abc'"),
+    ],
+)
+def test_what_hydra_refuses_is_one_line_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: tuple[str, ...], expected: str
+) -> None:
+    """Composition errors (an unknown key or choice, a value of the wrong type) come from
+    Hydra and OmegaConf; the user sees them in the same one-line form."""
+    dirs = (f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+    flags = [o for o in overrides if o.startswith("-")]  # `-m` goes before the overrides
+    rest = [o for o in overrides if not o.startswith("-")]
+    status, _, err = cli(capsys, *flags, "model=tiny", "observers=[console]", *rest, *dirs)
+    assert_refused(status, err, expected)
+
+
+def test_a_refused_job_in_a_sweep_is_named_and_the_jobs_before_it_keep_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = tmp_path / "sweep"
+    args = ("-m", "model=tiny", "workload=straggler", "observers=[console]")
+    status, _, err = cli(capsys, *args, f"hydra.sweep.dir={sweep}", "engine.block_size=16,0")
+    assert_refused(status, err, "job 1 (")
+    assert "engine.block_size=0): engine.block_size must be >= 1, got 0" in err
+    assert json.loads((sweep / "0" / "metrics.json").read_text())["incomplete"] is False
+    assert not (sweep / "1" / "metrics.json").exists()
+
+
+def test_a_bug_keeps_its_traceback_and_exits_1(tmp_path: Path) -> None:
+    """Anything that is not the user's input (here a policy that breaks the contract
+    mid-run) is a bug: a traceback, exit status 1, and the partial results written."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BUGGY_RUN, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "PolicyError: scheduler policy 'continuous' (nanoserve) raised in evict" in proc.stderr
+    assert "error: " not in proc.stderr.splitlines()[-1]
+    assert json.loads((tmp_path / "metrics.json").read_text())["incomplete"] is True
+
+
+def test_hydra_full_error_shows_the_whole_trace_of_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(Refused, match=r"engine\.block_size must be >= 1"):
+        cli(capsys, "model=tiny", "engine.block_size=0", f"hydra.run.dir={tmp_path}")
+
+
+# The scheduler raises at its third step: a bug in a plugin, not in the user's input.
+BUGGY_RUN = """
+import sys
+import plugins.schedulers.continuous as c
+from framework.run.cli import main
+evict = c.ContinuousScheduler.evict
+def broken(self, view):
+    if view.step == 2:
+        raise RuntimeError("boom")
+    return evict(self, view)
+c.ContinuousScheduler.evict = broken
+sys.exit(main(["model=tiny", "workload=straggler", "observers=[console]", *sys.argv[1:]]))
+"""
 
 
 def test_unknown_key_without_plus_is_named_by_hydra() -> None:

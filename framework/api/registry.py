@@ -252,6 +252,20 @@ class Registry:
             f"{self.describe()}"
         )
 
+    def unknown_line(self, unknown: Iterable[tuple[str, str]]) -> str:
+        """The same on one line, for the command line: each unknown name and what its group
+        offers (`python run.py --help` lists every group)."""
+        unknown = list(unknown)
+        wrong = ", ".join(f"{g}={n}" for g, n in unknown)
+        groups = dict.fromkeys(g for g, _ in unknown)
+        offers = "; ".join(f"{g} offers {self.choices(g) or 'nothing'}" for g in groups)
+        failed = (
+            f" ({len(self.load_errors)} plugin(s) failed to load, listed above)"
+            if self.load_errors
+            else ""
+        )
+        return f"unknown policy {wrong}; {offers}{failed}"
+
     def get(self, group: str, name: str) -> Entry:
         if group not in self.policies:
             raise ValueError(f"unknown policy group {group!r}; groups: {', '.join(self.policies)}")

@@ -20,6 +20,7 @@ from framework.engine.request import RequestSpec
 from framework.executors.hf import HFExecutor
 from framework.executors.model_loader import TinySpec, load_model, resolve_dtype
 from framework.run.config import check_fits, check_run, check_window
+from framework.run.errors import user_input
 from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
 from framework.run.summary import summarize
 from framework.workloads import build_workload, check_workload
@@ -174,20 +175,23 @@ def serve(
 ) -> RunInfo:
     """Run one configured job end to end and write its results into `output_dir`.
 
-    A run that stops early (an exception anywhere in the run, a broken invariant, a policy
-    or observer that raises, Ctrl-C) still writes what it measured, marked incomplete, tells
-    the observers (`on_run_abort`), and then re-raises: the caller sees the error.
+    Bad input raises `UserError` before anything is written. A run that stops early (an
+    exception anywhere in the run, a broken invariant, a policy or observer that raises,
+    Ctrl-C) still writes what it measured, marked incomplete, tells the observers
+    (`on_run_abort`), and then re-raises: the caller sees the error.
     """
-    # First: bad input fails before the model loads.
-    check_before_loading(cfg)
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    torch.manual_seed(cfg.seed)
-    model, tokenizer, device, dtype = loaded or load(cfg)
-    specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tokenizer)
-    hooks = guard_hooks(hooks, registry())
-    engine = build_engine(cfg, model, device, dtype, hooks)
-    check_engine_fits(cfg, engine, specs)
+    # Up to the first step, everything read is the user's input: a ValueError or OSError
+    # here is theirs to fix (UserError, one line at the command line), and nothing is written.
+    with user_input():
+        check_before_loading(cfg)  # first: bad input fails before the model loads
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        torch.manual_seed(cfg.seed)
+        model, tokenizer, device, dtype = loaded or load(cfg)
+        specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tokenizer)
+        hooks = guard_hooks(hooks, registry())
+        engine = build_engine(cfg, model, device, dtype, hooks)
+        check_engine_fits(cfg, engine, specs)
 
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
     try:

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from framework.api.registry import registry
 from framework.run.app import RunInfo, serve
+from framework.run.errors import UserError
 
 
 def run_with_observers(
@@ -20,7 +21,7 @@ def run_with_observers(
     for name in cfg.observers:
         if name not in reg.observers:
             choices = ", ".join(f"{n} ({p.label})" for n, (_, p) in sorted(reg.observers.items()))
-            raise ValueError(f"observers: {name!r} is not registered; available: {choices}")
+            raise UserError(f"observers: {name!r} is not registered; available: {choices}")
         factory, _ = reg.observers[name]
         obs = factory(cfg)
         reg.pm.register(obs, name=f"observer:{name}")

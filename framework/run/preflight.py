@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 
 from framework.api.policy import GROUPS
 from framework.api.registry import Registry
+from framework.run.errors import UserError
 
 
 def command_line_overrides(argv: Sequence[str]) -> list[str]:
@@ -64,7 +65,8 @@ def unknown_policies(argv: Sequence[str], reg: Registry) -> list[tuple[str, str]
 
 
 def check_command_line(argv: Sequence[str], reg: Registry) -> None:
-    """Exit with an actionable message when the command line names an unknown policy."""
+    """Refuse, in one line, a command line that names an unknown policy: the name, and what
+    its group offers with the distribution providing each."""
     unknown = unknown_policies(argv, reg)
     if unknown:
-        raise SystemExit(reg.unknown_message(unknown))
+        raise UserError(reg.unknown_line(unknown))

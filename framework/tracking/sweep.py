@@ -6,7 +6,8 @@ At the start of a multirun it opens the parent run, named after what the sweep v
 its id through the environment (`NANOSERVE_MLFLOW_PARENT`: inherited by in-process jobs,
 joblib workers and SLURM jobs); the jobs' MLflow observer also finds it by its sweep folder
 tag, for launchers that do not pass the environment on. At the end it uploads the files at
-the top of the sweep folder (a study's table and plot, `multirun.yaml`) and closes the run;
+the top of the sweep folder (the sweep's table `sweep.md`/`.csv`, a study's table and plot,
+`multirun.yaml`), closes the run and says last where to find it (`MLflow parent run: ID`);
 if the process ends first (a job failed, a study refused to compare, Ctrl-C), it does the
 same at exit and closes the run as FAILED.
 
@@ -20,7 +21,6 @@ Only active when the run config's `observers` include `mlflow`.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
@@ -31,6 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from framework.tracking.store import TrackingStore
+from framework.tracking.sweep_exit import at_early_end, done
 from framework.tracking.tags import PARENT_ENV, environment_tags, sweep_plan
 
 SWEEP_FILES = (".md", ".csv", ".png", ".txt", ".yaml", ".json")
@@ -77,11 +78,14 @@ class SweepTracking(Callback):
             {"run_id": self.run_id, "sweep_dir": str(self.sweep_dir), "swept": list(plan.swept)}
         )
         # A failed job, a refused study or Ctrl-C ends the process before on_multirun_end.
-        atexit.register(self._close, "FAILED")
+        at_early_end(self._close_failed)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        atexit.unregister(self._close)
+        done(self._close_failed)
         self._close("FINISHED")
+
+    def _close_failed(self) -> None:
+        self._close("FAILED")
 
     def _close(self, status: str) -> None:
         """Upload the files at the top of the sweep folder and close the parent run."""
@@ -95,7 +99,18 @@ class SweepTracking(Callback):
             print(f"MLflow: sweep not logged: {self.store.broken}", file=sys.stderr, flush=True)
         else:
             print(
-                f"MLflow: sweep logged as run {self.run_id} ({status.lower()}) to {self.store.uri}",
+                f"MLflow parent run: {self.run_id} ({status.lower()}; experiment "
+                f"'{self.store.experiment}', {view_hint(self.store.uri)})",
                 flush=True,
             )
         self.run_id = None
+
+
+def view_hint(uri: str) -> str:
+    """How to look at the store: a server is opened in a browser, a file by `mlflow ui`."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):  # relative to the cwd
+        uri = prefix + str(Path(uri[len(prefix) :]).resolve())
+    return f"`mlflow ui --backend-store-uri {uri}`"

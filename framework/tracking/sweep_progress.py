@@ -4,6 +4,8 @@ The job count comes from the basic sweeper's own expansion of the sweep (see
 `framework.tracking.sweep_plan`); other sweepers get a bar without a total. The bar moves
 when a job ends in this process, so it is shown for the basic launcher only; the others
 (joblib, SLURM, Ray) end jobs in other processes and report through their own logs.
+Each job's console line is written through `tqdm.write`, above the bar; the bar closes with
+the last job, before the sweep's table is printed below it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class SweepProgress(Callback):
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.update(1)
+            if self.bar.total is not None and self.bar.n >= self.bar.total:
+                self.on_multirun_end(config)  # gone before the sweep's tables are printed
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.bar is not None:

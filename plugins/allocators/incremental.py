@@ -15,6 +15,8 @@ class IncrementalConfig(PolicyConfig):
 
 
 class IncrementalAllocator(Allocator):
+    """Paged blocks as tokens arrive (vLLM's PagedAttention); preempts when the pool runs dry."""
+
     def blocks_to_admit(self, seq: Sequence, block_size: int) -> int:
         return -(-seq.num_tokens // block_size)
 

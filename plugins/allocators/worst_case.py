@@ -14,6 +14,8 @@ class WorstCaseConfig(PolicyConfig):
 
 
 class WorstCaseAllocator(Allocator):
+    """Reserves prompt + max_tokens worth of blocks at admission; never preempts."""
+
     def blocks_to_admit(self, seq: Sequence, block_size: int) -> int:
         return -(-seq.max_len // block_size)
 

@@ -41,9 +41,12 @@ from framework.tracking.tags import (
 
 
 class MlflowLogger:
+    """Logs every run as an MLflow run: config, metrics, per-step series, files, tags."""
+
     def __init__(self, cfg: Any) -> None:
         self.store = TrackingStore(cfg.mlflow)
         self.run_id: str | None = None
+        self.quiet = False  # a job of a sweep: the sweep says where its runs are
         self.output_dir: Path | None = None
         self.series: list[tuple[str, float, int, int]] = []
         self._t0_ms = 0
@@ -62,6 +65,8 @@ class MlflowLogger:
             "nanoserve.kind": "job" if parent else "run",
             "nanoserve.output_dir": str(self.output_dir.resolve()),
         }
+        # In a sweep the parent run's line at the end says where the runs went: no line each.
+        self.quiet = parent is not None
         self.run_id = self.store.start_run(run_name(run.config, job, swept), tags, parent)
         if self.run_id is not None:
             params = self.store.attempt("reading the config", lambda: self._params(run, job))
@@ -130,7 +135,7 @@ class MlflowLogger:
         if self.store.broken is not None:
             where = f"; results are in {self.output_dir}" if self.output_dir else ""
             print(f"MLflow: not logged: {self.store.broken}{where}", file=sys.stderr, flush=True)
-        elif self.run_id is not None:
+        elif self.run_id is not None and not self.quiet:
             print(
                 f"MLflow: logged run {self.run_id} ({status.lower()}) to {self.store.uri}, "
                 f"experiment {self.store.experiment!r}",

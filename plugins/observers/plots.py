@@ -17,6 +17,8 @@ from framework.api import hookimpl
 
 
 class PlotsObserver:
+    """Draws the slot timeline, KV blocks and latency CDFs into the run folder."""
+
     def __init__(self, cfg: Any) -> None:
         self.output_dir: Path | None = None
 

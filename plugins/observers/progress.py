@@ -15,6 +15,8 @@ from framework.api import hookimpl
 
 
 class ProgressObserver:
+    """A progress bar of finished requests, on a terminal only."""
+
     def __init__(self, cfg: Any) -> None:
         self.bar: tqdm | None = None
 

@@ -43,6 +43,8 @@ def finish_rate(view: OutputView) -> float:
 
 
 class AdaptiveOutput(OutputPolicy):
+    """Chooses the readback window each step from the measured costs of a row and a transfer."""
+
     def __init__(self, cfg: AdaptiveConfig) -> None:
         super().__init__(cfg)
         if cfg.max_window < 0:

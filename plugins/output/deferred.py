@@ -29,6 +29,8 @@ class DeferredConfig(PolicyConfig):
 
 
 class DeferredOutput(OutputPolicy):
+    """Keeps sampled tokens on the device up to `window` steps; one transfer brings them home."""
+
     def __init__(self, cfg: DeferredConfig) -> None:
         super().__init__(cfg)
         if int(cfg.window) < 0:

@@ -14,6 +14,8 @@ class ImmediateConfig(PolicyConfig):
 
 
 class ImmediateOutput(OutputPolicy):
+    """Reads the sampled tokens back after every forward: the reference."""
+
     def keep(self, view: OutputView) -> int:
         return 0
 

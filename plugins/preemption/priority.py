@@ -22,6 +22,8 @@ class PriorityPreemptionConfig(PolicyConfig):
 
 
 class PriorityPreemption(Preemption):
+    """Frees the least urgent running request (newest among equals) when the pool is dry."""
+
     def victims(self, view: EngineView, blocks_short: int) -> list[Sequence]:
         candidates = [s for s in view.running if not s.finished]
         if not candidates:

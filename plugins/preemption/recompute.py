@@ -18,6 +18,8 @@ class RecomputeConfig(PolicyConfig):
 
 
 class RecomputePreemption(Preemption):
+    """Frees a victim's blocks and requeues it for a new prefill (victim: newest, oldest, ...)."""
+
     def __init__(self, cfg: RecomputeConfig) -> None:
         super().__init__(cfg)
         if cfg.victim not in VICTIMS:

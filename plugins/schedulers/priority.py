@@ -68,6 +68,8 @@ def displace(view: EngineView) -> list[Sequence]:
 
 
 class PriorityScheduler(Scheduler):
+    """Admits the most urgent request first (lower `priority`) and displaces less urgent rows."""
+
     def evict(self, view: EngineView) -> list[Sequence]:
         return [s for s in view.running if s.finished]
 

@@ -15,6 +15,8 @@ class StaticConfig(PolicyConfig):
 
 
 class StaticScheduler(Scheduler):
+    """Static batching: a batch runs until its slowest member ends; finished rows are waste."""
+
     def evict(self, view: EngineView) -> list[Sequence]:
         if view.running and all(s.finished for s in view.running):
             return list(view.running)
