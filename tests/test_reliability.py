@@ -304,6 +304,7 @@ BAD_INPUT: list[tuple[tuple[str, ...], str, bool]] = [
         "request needs 4 blocks",
         False,
     ),
+    (("model=hf",), "model=hf needs model.path=DIR (a local Hugging Face model folder)", True),
     (("model=hf", "model.path={tmp}/missing"), "model.path={tmp}/missing: no such directory", True),
     (
         ("model=hf", "model.path={tmp}/bert"),
@@ -397,6 +398,19 @@ def test_what_hydra_refuses_is_one_line_too(
     rest = [o for o in overrides if not o.startswith("-")]
     status, _, err = cli(capsys, *flags, "model=tiny", "observers=[console]", *rest, *dirs)
     assert_refused(status, err, expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("model=tiny", "-m", "scheduler=static,continuous"), "flags such as -m go before"),
+        (("--cfg", "jobs"), "argument --cfg/-c: invalid choice: 'jobs'"),
+    ],
+)
+def test_a_flag_hydra_cannot_read_is_one_line(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], expected: str
+) -> None:
+    assert_refused(*cli(capsys, *args)[::2], expected)
 
 
 def test_a_refused_job_in_a_sweep_is_named_and_the_jobs_before_it_keep_results(

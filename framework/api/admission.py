@@ -1,6 +1,5 @@
 """Admission under the engine's budgets in a policy's order, shared by the built-in
-schedulers (a third party may import it too: `from framework.api.admission import
-admit_in_order`).
+schedulers and open to any third party: `from framework.api import admit_in_order`.
 
 A scheduler that differs only in who goes first (FCFS, priority, shortest job first) passes
 an ordering key; the budget arithmetic stays in one place.

@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     debugging = bool(os.environ.get(FULL_ERROR))
     try:
+        check_flags(args)
         check_command_line(args, reg)
         try:
             run_hydra(args)
@@ -65,6 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def check_flags(args: list[str]) -> None:
+    """Hydra's own flags, read by Hydra's parser; what it cannot read is one line, not a
+    usage screen (`python run.py model=tiny -m ...`: a flag after an override)."""
+    from hydra._internal.utils import get_args_parser  # Hydra's CLI parser; no public one
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> None:
+        hint = " (flags such as -m go before the overrides)" * message.startswith("unrecognized")
+        raise UserError(f"{message}{hint}; python run.py --help lists what is accepted")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    parser.parse_args(args)
 
 
 def run_hydra(args: list[str]) -> None:

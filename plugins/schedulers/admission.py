@@ -1,15 +1,5 @@
-"""Deprecated alias: `plugins.schedulers.admission` moved to `framework.api.admission`; plugins
-import from `framework.api`. Plugins written before the move still load through this alias (the
-policy API version stays 1: nothing was removed or changed meaning); it goes in a later release.
-"""
+"""Deprecated: moved to `framework.api.admission`; plugins import from `framework.api`."""
 
-import importlib
-import sys
-import warnings
+from framework.api.deprecated import alias
 
-warnings.warn(
-    "plugins.schedulers.admission is deprecated; import from framework.api instead",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = importlib.import_module("framework.api.admission")
+alias(__name__, "framework.api.admission")
