@@ -114,6 +114,11 @@ def run_job(cfg: Any) -> None:
         if hc.mode is not None and hc.mode.name == "MULTIRUN":
             raise Refused(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {error}") from error
         raise Refused(str(error)) from error
+    except Exception as error:
+        # Raised by the job's own code: a bug, whatever its type (an OmegaConf error here is
+        # a key the code got wrong, not one the user typed).
+        error.nanoserve_in_job = True  # type: ignore[attr-defined]
+        raise
 
 
 @contextmanager
@@ -154,7 +159,7 @@ def hydra_user_error(error: BaseException) -> str | None:
     )
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-    if isinstance(error, InstantiationException):
+    if isinstance(error, InstantiationException) or getattr(error, "nanoserve_in_job", False):
         return None
     if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options:
         group, _, name = error.missing_cfg_file.rpartition("/")
