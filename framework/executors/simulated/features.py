@@ -1,0 +1,71 @@
+"""What one step costs depends on, read from the `StepBatch` alone (no model, no tensors).
+
+The real executor packs every row's query tokens into one sequence (no padding between rows);
+on CPU in fp32 its Linear layers then run on that many rows rounded up to a bucket
+(`packed_linear.rows_bucket`), so `linear_tokens` is the padded count. Attention is split the
+way the kernels split it: each prefill row attends its queries over its context (a prompt's
+square, Vidur's "equivalent prefill"; a recompute or a cached prefix reads more context than
+it has queries), each decode row reads its whole context once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from framework.engine.batch import StepBatch
+from framework.executors.packed_linear import rows_bucket
+
+NAMES = (
+    "rows",
+    "num_tokens",
+    "linear_tokens",
+    "prefill_rows",
+    "prefill_tokens",
+    "prefill_attn",
+    "decode_rows",
+    "decode_ctx",
+    "random_rows",
+)
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    rows: int  # rows in the forward, each samples one token
+    num_tokens: int  # query tokens of all rows, packed
+    linear_tokens: int  # num_tokens as the packed Linear layers pad it (CPU fp32)
+    prefill_rows: int
+    prefill_tokens: int  # query tokens of the prefill rows
+    prefill_attn: int  # sum over prefill rows of queries x context (a prompt: its length squared)
+    decode_rows: int
+    decode_ctx: int  # sum of the decode rows' context lengths (the KV they read)
+    random_rows: int  # rows that sample (temperature > 0) instead of an argmax
+
+    @classmethod
+    def of(cls, batch: StepBatch) -> StepFeatures:
+        prefill_rows = prefill_tokens = prefill_attn = decode_rows = decode_ctx = random = 0
+        for row in batch.rows:
+            q = len(row.token_ids)
+            if row.is_decode:
+                decode_rows += 1
+                decode_ctx += row.ctx_len
+            else:
+                prefill_rows += 1
+                prefill_tokens += q
+                prefill_attn += q * row.ctx_len
+            if not (row.sampling.greedy or row.discard):
+                random += 1
+        tokens = prefill_tokens + decode_rows
+        return cls(
+            rows=len(batch.rows),
+            num_tokens=tokens,
+            linear_tokens=rows_bucket(tokens),
+            prefill_rows=prefill_rows,
+            prefill_tokens=prefill_tokens,
+            prefill_attn=prefill_attn,
+            decode_rows=decode_rows,
+            decode_ctx=decode_ctx,
+            random_rows=random,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
