@@ -30,14 +30,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework.api.registry import registry
-from framework.engine.counters import PHASES
+from framework.engine.counters import HOST_PHASES, PHASES
 from framework.run.app import build_engine, load
 from framework.run.config import register_configs
 from framework.run.summary import summarize
 from framework.workloads import build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
-HOST_PHASES = [p for p in PHASES if p not in ("forward", "sample")]
 
 
 def compose_cfg(overrides: list[str]) -> Any:

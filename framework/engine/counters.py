@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks")
+PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host")
+# The engine's own work, measured phase by phase; under a simulation's modelled host time
+# (`executor.host_time=model`) they read 0 and the modelled cost is `host` instead.
+HOST_PHASES = ("schedule", "allocate", "build", "output", "apply", "hooks")
 
 
 @dataclass

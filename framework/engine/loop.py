@@ -29,6 +29,7 @@ from framework.api.policy import (
 )
 from framework.engine.batch import Row, StepBatch
 from framework.engine.block_pool import BlockPool
+from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import CostModel
 from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import Executor
@@ -76,6 +77,15 @@ class RunResult:
     max_num_seqs: int
     peak_blocks: int
     num_blocks: int
+    clock: str = "wall"  # which clock the times are on: "wall" or "virtual"
+    executor: dict[str, str] = field(default_factory=dict)  # what produced the steps
+
+
+def describe(executor: Any) -> dict[str, str]:
+    """What an executor says of itself (`describe()`: its name, and for a simulator what its
+    costs come from), for metrics.json; an executor that says nothing is named by its class."""
+    said = getattr(executor, "describe", None)
+    return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
 @dataclass
@@ -106,6 +116,7 @@ class Engine:
         hooks: Any,
         check_invariants: bool = True,
         device: torch.device | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.executor = executor
         self.pool = pool
@@ -128,7 +139,7 @@ class Engine:
         self.readback = Readback(device or torch.device("cpu"))
         self.costs = CostModel()
         self._admit_counter = 0
-        self._t0 = 0.0
+        self.clock = clock or WallClock()
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
@@ -142,12 +153,10 @@ class Engine:
                 seq.status, seq.reject_reason = Status.REJECTED, reason
             else:
                 self.pending.append(seq)
-        self._t0 = time.perf_counter()
+        self.clock.start()
         while self.pending or self.waiting or self.running:
             if not self.waiting and not self.running:
-                wait = self.pending[0].arrival - self.now()
-                if wait > 0:
-                    time.sleep(wait)
+                self.clock.wait_until(self.pending[0].arrival)
             self.step()
         result = self.partial_result()
         if self.check_invariants:
@@ -165,10 +174,12 @@ class Engine:
             self.limits.max_num_seqs,
             self.pool.peak_used,
             self.pool.num_blocks,
+            clock=self.clock.name,
+            executor=describe(self.executor),
         )
 
     def now(self) -> float:
-        return time.perf_counter() - self._t0
+        return self.clock.now()
 
     def _why_never(self, seq: Sequence) -> str | None:
         """A request that no schedule can ever serve is rejected up front, with the reason."""
@@ -240,7 +251,9 @@ class Engine:
 
         batch = self._build()
         lap("build")
+        self.clock.executing(len(batch.rows))
         result = self.executor.execute(batch)
+        self.clock.executed(result.prepare_s + result.forward_s + result.sample_s)
         phase["build"] += result.prepare_s  # host work, even though the executor does it
         phase["forward"] = result.forward_s
         phase["sample"] = result.sample_s
@@ -306,6 +319,7 @@ class Engine:
             )
         self.hooks.on_step_end(stats=stats)
         lap("hooks")
+        self.clock.account(phase, len(batch.rows))
         self.steps.append(stats)
         return stats
 

@@ -96,6 +96,9 @@ class HFExecutor:
         keep = torch.tensor(last, device=dev)
         return paged, input_ids, position_ids, keep
 
+    def describe(self) -> dict[str, str]:
+        return {"executor": "model"}
+
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:
         t_prep = time.perf_counter()

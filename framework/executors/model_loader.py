@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -140,9 +141,34 @@ def load_model(
     return model, tokenizer
 
 
-def build_tiny(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    """A random Llama with the real tokenizer's vocabulary; seeded so tests are reproducible."""
-    config = LlamaConfig(
+def load_model_config(
+    source: str, path: str | None, cache_dir: str | None, tiny: TinySpec | None = None
+) -> tuple[Any, PreTrainedTokenizerBase]:
+    """(config, tokenizer) without the weights: what a simulated run needs (the KV pool's
+    size, the context, the vocabulary, and text for the workload's prompts).
+
+    A folder that holds only a config (an 8B shape to simulate, say) borrows SmolLM2's
+    tokenizer: the simulator needs token ids of real text, not that model's own vocabulary.
+    """
+    if source == "tiny":
+        tokenizer = load_tokenizer(source, path, cache_dir)
+        return tiny_config(tiny or TinySpec(), tokenizer), tokenizer
+    folder = _source_dir(source, path, cache_dir, for_tokenizer=False)
+    config = AutoConfig.from_pretrained(folder)
+    if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
+        raise ValueError(
+            f"model.path={folder} is not a causal LM (architectures: {config.architectures})"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        log.info("%s has no tokenizer; the simulator uses SmolLM2's for the prompts", folder)
+        tokenizer = AutoTokenizer.from_pretrained(prepare_smollm2(cache_dir))
+    return config, tokenizer
+
+
+def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -155,6 +181,11 @@ def build_tiny(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> PreTrained
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
     )
+
+
+def build_tiny(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A random Llama with the real tokenizer's vocabulary; seeded so tests are reproducible."""
+    config = tiny_config(spec, tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(spec.init_seed)
         model = LlamaForCausalLM(config)

@@ -14,14 +14,22 @@ from omegaconf import DictConfig, OmegaConf
 from framework.api.faults import guard_hooks
 from framework.api.registry import registry
 from framework.engine.block_pool import BlockPool
+from framework.engine.clock import WallClock
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, Limits, Policies, RunResult
 from framework.engine.request import RequestSpec
 from framework.executors.hf import HFExecutor
-from framework.executors.model_loader import TinySpec, load_model, resolve_dtype
+from framework.executors.model_loader import (
+    TinySpec,
+    load_model,
+    load_model_config,
+    resolve_dtype,
+)
+from framework.executors.simulated.executor import SimulatedExecutor
 from framework.run.config import check_fits, check_run, check_window
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
+from framework.run.simulation import ModelShape, build_simulated, is_simulated
 from framework.run.summary import summarize
 from framework.workloads import build_workload, check_workload
 
@@ -84,6 +92,11 @@ def load(cfg: DictConfig) -> tuple[Any, Any, torch.device, torch.dtype]:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype)
     tiny = TinySpec(**OmegaConf.to_container(cfg.model.tiny)) if "tiny" in cfg.model else None
+    if is_simulated(cfg):  # the model's shape and tokenizer, no weights; tensors on the host
+        config, tokenizer = load_model_config(
+            cfg.model.source, cfg.model.path, cfg.model.cache_dir, tiny
+        )
+        return ModelShape(config, tokenizer.eos_token_id), tokenizer, torch.device("cpu"), dtype
     model, tokenizer = load_model(
         cfg.model.source, cfg.model.path, cfg.model.cache_dir, dtype, device, tiny
     )
@@ -107,20 +120,27 @@ def build_engine(
             f"raise it or set engine.num_blocks"
         )
     pool = BlockPool(num_blocks, e.block_size)
-    cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
-    return Engine(
-        HFExecutor(
+    if is_simulated(cfg):  # no KV tensors: the scratch block is only a number
+        executor, clock = build_simulated(cfg, model)
+        scratch = num_blocks
+    else:
+        cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
+        executor = HFExecutor(
             model, cache, device, packed_linears=e.packed_linears, paged_kernel=e.paged_kernel
-        ),
+        )
+        clock, scratch = WallClock(), cache.scratch_block
+    return Engine(
+        executor,
         pool,
-        cache.scratch_block,
+        scratch,
         policies,
         limits,
         hooks,
         check_invariants=e.check_invariants,
         device=device,
+        clock=clock,
     )
 
 
@@ -192,6 +212,8 @@ def serve(
         hooks = guard_hooks(hooks, registry())
         engine = build_engine(cfg, model, device, dtype, hooks)
         check_engine_fits(cfg, engine, specs)
+        if isinstance(engine.executor, SimulatedExecutor):
+            engine.executor.tokens.check_covers([s.id for s in specs])
 
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
     try:

@@ -34,6 +34,20 @@ class EngineConfig:
 
 
 @dataclass
+class ExecutorConfig:
+    """What runs each step: `model`, the real forward; or `simulated`, the same engine and
+    policies with each step's seconds predicted from a profile, on a virtual clock."""
+
+    name: str = "model"  # model | simulated
+    # simulated: a profile file (YAML or JSON); null: the shipped one for the run's model x dtype
+    profile: str | None = None
+    host_time: str = "measured"  # simulated: measured (this machine's engine) | model (profile)
+    replay: str | None = None  # simulated: a real run's outputs.jsonl, its tokens by request id
+    mean_output_tokens: float = 128.0  # simulated, EOS honoured, no replay: the drawn mean
+    any_profile: bool = False  # simulated: accept a profile made for another model or dtype
+
+
+@dataclass
 class ModelConfig:
     source: str = "smollm2"  # smollm2 | tiny | hf
     path: str | None = None  # model=hf: a local Hugging Face model folder
@@ -59,6 +73,7 @@ class RunConfig:
     output: Any = MISSING
     model: ModelConfig = MISSING
     workload: Any = MISSING
+    executor: ExecutorConfig = MISSING
     engine: EngineConfig = field(default_factory=EngineConfig)
     seed: int = 0
     window: int = 4  # output=deferred: steps of sampled tokens held on the device (0: none)
@@ -78,6 +93,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=RunConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="executor", name="executor_schema", node=ExecutorConfig)
     register_workload_configs(cs)
     registry().store_configs(cs)
 
@@ -107,6 +123,7 @@ _SCHEMAS: tuple[tuple[str, type], ...] = (
     ("engine", EngineConfig),
     ("model", ModelConfig),
     ("model.tiny", TinySpec),
+    ("executor", ExecutorConfig),
 )
 
 
@@ -163,11 +180,29 @@ def check_model(m: Any) -> None:
         )
 
 
+def check_executor(x: Any) -> None:
+    """The executor's settings, named; the simulator's own ones are refused for the real
+    executor rather than silently ignored."""
+    if x.name not in ("model", "simulated"):
+        raise ValueError(f"executor must be model or simulated; got {x.name!r}")
+    if x.host_time not in ("measured", "model"):
+        raise ValueError(f"executor.host_time must be measured or model; got {x.host_time!r}")
+    if x.mean_output_tokens < 1:
+        raise ValueError(f"executor.mean_output_tokens must be >= 1; got {x.mean_output_tokens}")
+    if x.name == "model":
+        for key in ("profile", "replay"):
+            if x[key] is not None:
+                raise ValueError(
+                    f"executor.{key} applies to executor=simulated (this run uses the model)"
+                )
+
+
 def check_run(cfg: Any) -> None:
     """The top-level settings and the engine limits, before any model is loaded."""
     check_unknown_keys(cfg)
     check_engine(cfg.engine)
     check_model(cfg.model)
+    check_executor(cfg.executor)
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
 

@@ -85,6 +85,10 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # Progress: every admission yields a token before its row can be preempted again, so a
     # request is preempted at most (its tokens - 1) times; this shows how close runs come.
     summary["max_preemptions_per_request"] = max((s.preemptions for s in seqs), default=0)
+    # What the times are: the wall clock of this machine, or a simulation's virtual clock
+    # (and then what predicted each step: a measured profile, or an analytic one).
+    summary["clock"] = result.clock
+    summary.update(result.executor)
     return summary
 
 

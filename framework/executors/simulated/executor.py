@@ -1,0 +1,33 @@
+"""`SimulatedExecutor`: the engine's `Executor` with no model behind it. Each step's cost is
+the cost model's prediction from the batch's features; each row's token comes from the
+request's deterministic stream. The engine, the policies, the invariants and every count are
+the real ones; only the seconds are predicted (on the engine's virtual clock)."""
+
+from __future__ import annotations
+
+import torch
+
+from framework.engine.batch import StepBatch
+from framework.engine.executor import ExecResult
+from framework.executors.simulated.cost import CostModel
+from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.tokens import TokenStreams
+
+
+class SimulatedExecutor:
+    def __init__(self, cost: CostModel, tokens: TokenStreams, profile: str = "") -> None:
+        self.cost = cost
+        self.tokens = tokens
+        self.profile = profile
+
+    def describe(self) -> dict[str, str]:
+        return {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
+
+    def execute(self, batch: StepBatch) -> ExecResult:
+        cost = self.cost.predict(StepFeatures.of(batch))
+        ids = [self.tokens.token(row) for row in batch.rows]
+        return ExecResult(
+            tokens=torch.tensor(ids, dtype=torch.long),
+            forward_s=cost.forward_s,
+            sample_s=cost.sample_s,
+        )

@@ -1,0 +1,98 @@
+"""Wiring for `executor=simulated`: the model's shape without its weights, the profile that
+prices each step (the one named, or the one shipped for this model x dtype), the token
+streams, and the virtual clock.
+
+A profile made for another model or dtype than the run's is refused, naming both, unless
+`executor.any_profile=true` says that is what the user wants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from framework.engine.clock import VirtualClock
+from framework.executors.simulated.cost import CostModel, load_cost_model, model_id, read_profile
+from framework.executors.simulated.executor import SimulatedExecutor
+from framework.executors.simulated.tokens import TokenStreams, read_replay
+
+PROFILES = Path(__file__).resolve().parents[1] / "executors" / "simulated" / "profiles"
+
+
+@dataclass
+class ModelShape:
+    """Stands in for a loaded model where only its config is needed (`model.config`)."""
+
+    config: Any
+    eos_token_id: int | None
+
+
+def is_simulated(cfg: DictConfig) -> bool:
+    return cfg.executor.name == "simulated"
+
+
+def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
+    """Every profile shipped with nanoserve, with its `meta`."""
+    found = []
+    for path in sorted(PROFILES.glob("*.y*ml")) + sorted(PROFILES.glob("*.json")):
+        try:
+            found.append((path, read_profile(path).get("meta") or {}))
+        except ValueError:
+            continue  # a broken shipped file is a bug for the tests to find, not a user error
+    return found
+
+
+def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
+    """`executor.profile`, or the shipped profile for this model x dtype (the one measured on
+    this CPU when there are several)."""
+    if cfg.executor.profile:
+        return str(cfg.executor.profile)
+    want = model_id(shape.config)
+    matches = [
+        (p, m)
+        for p, m in shipped_profiles()
+        if m.get("model_id") == want and m.get("dtype") == cfg.dtype
+    ]
+    if not matches:
+        shipped = ", ".join(p.name for p, _ in shipped_profiles()) or "none"
+        raise ValueError(
+            f"executor=simulated: no shipped profile for {want} in {cfg.dtype} (shipped: "
+            f"{shipped}); measure one with `python -m experiments.calibrate` and set "
+            f"executor.profile=PATH"
+        )
+    from framework.tracking.tags import environment_tags
+
+    cpu = environment_tags().get("machine.cpu")
+    here = [p for p, m in matches if (m.get("machine") or {}).get("cpu") == cpu]
+    return str((here or [p for p, _ in matches])[0])
+
+
+def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape) -> None:
+    """Refuse a profile for another model or dtype, naming both (`executor.any_profile`)."""
+    if cfg.executor.any_profile:
+        return
+    meta = cost.meta or {}
+    want = (model_id(shape.config), cfg.dtype)
+    have = (meta.get("model_id"), meta.get("dtype"))
+    if have != want:
+        raise ValueError(
+            f"executor.profile={path} is for {have[0]} in {have[1]}, this run is {want[0]} in "
+            f"{want[1]}; set executor.any_profile=true to use it anyway"
+        )
+
+
+def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecutor, VirtualClock]:
+    """The executor and the virtual clock of a simulated run."""
+    path = choose_profile(cfg, shape)
+    cost = load_cost_model(path)
+    check_profile(cfg, cost, path, shape)
+    x = cfg.executor
+    replay = read_replay(x.replay) if x.replay else None
+    tokens = TokenStreams(
+        shape.config.vocab_size, shape.eos_token_id, replay, float(x.mean_output_tokens)
+    )
+    clock = VirtualClock(host_s=cost.host.seconds if x.host_time == "model" else None)
+    return SimulatedExecutor(cost, tokens, profile=path), clock

@@ -1,0 +1,213 @@
+"""The simulated executor runs the very engine and policies: its counts equal a real run's.
+
+Closed loop (every request waiting from the start), a simulated run that replays a real
+run's tokens (`executor.replay`) must give that run's counts exactly, whatever the policies,
+pool and window: steps, token slots, kept tokens, preemptions, recomputed tokens, overshoot,
+transfers, and each request's tokens and finish reason. Without a replay, requests that
+ignore EOS stop at `max_tokens` in both. The adaptive output policy is left out: it chooses
+its window from measured seconds, which a simulation predicts instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from framework.engine.clock import VirtualClock
+from framework.engine.loop import RunResult
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.simulated.cost import HostCost, StepCost
+from framework.executors.simulated.executor import SimulatedExecutor
+from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.tokens import ReplayError, TokenStreams
+from framework.run.app import build_engine
+from framework.run.summary import COUNT_KEYS, summarize
+from tests.helpers import make_cfg
+
+SCHEDULERS = ("static", "continuous", "priority", "sjf")
+ALLOCATORS = ("worst_case", "incremental", "incremental")
+PREEMPTIONS = ("newest", "oldest", "most_blocks")
+# Counts that depend on nothing but the schedule: equal between the real and the simulated run.
+SAME = [k for k in COUNT_KEYS if k != "window"] + ["requests_finished"]
+
+
+@dataclass
+class LinearCost:
+    """A stand-in cost model: seconds linear in the tokens and rows of a step."""
+
+    kind: str = "test"
+    meta: dict[str, Any] = field(default_factory=dict)
+    host: HostCost = field(default_factory=lambda: HostCost(per_step_s=2e-4, per_row_s=1e-5))
+
+    def predict(self, f: StepFeatures) -> StepCost:
+        return StepCost(
+            forward_s=1e-3 + 2e-5 * f.linear_tokens + 1e-8 * f.decode_ctx, sample_s=1e-4
+        )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.cache
+def cfg_for(overrides: tuple[str, ...]) -> Any:
+    return make_cfg("model=tiny", *overrides)
+
+
+def real(tiny: Any, overrides: tuple[str, ...], specs: list[RequestSpec]) -> RunResult:
+    model, tok = tiny
+    engine = build_engine(cfg_for(overrides), model, torch.device("cpu"), torch.float32, Hooks())
+    return engine.run(specs, tok.eos_token_id)
+
+
+def simulated(
+    tiny: Any,
+    overrides: tuple[str, ...],
+    specs: list[RequestSpec],
+    replay: dict[str, list[int]] | None = None,
+    host_model: bool = False,
+) -> RunResult:
+    """The same engine over the tiny model's shape, its executor and clock swapped."""
+    model, tok = tiny
+    engine = build_engine(cfg_for(overrides), model, torch.device("cpu"), torch.float32, Hooks())
+    cost = LinearCost()
+    tokens = TokenStreams(model.config.vocab_size, tok.eos_token_id, replay)
+    engine.executor = SimulatedExecutor(cost, tokens)
+    engine.clock = VirtualClock(host_s=cost.host.seconds if host_model else None)
+    return engine.run(specs, tok.eos_token_id)
+
+
+class Hooks:
+    def on_step_end(self, stats: Any) -> None:
+        pass
+
+    def on_request_finished(self, request: Any) -> None:
+        pass
+
+
+def spec(i: int, prompt: list[int], max_tokens: int, ignore_eos: bool, stop=(), arrival=0.0):  # type: ignore[no-untyped-def]
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stop)
+    return RequestSpec(f"r{i}", prompt, sp, arrival=arrival)
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn, vocab: int
+) -> tuple[list[tuple[list[int], int, bool, bool]], tuple[str, ...]]:
+    n = draw(st.integers(1, 8))
+    reqs = [
+        (
+            draw(st.lists(st.integers(3, vocab - 1), min_size=1, max_size=30)),
+            draw(st.integers(1, 20)),
+            draw(st.booleans()),  # ignore_eos
+            draw(st.booleans()),  # a stop token from the model's own continuation
+        )
+        for _ in range(n)
+    ]
+    bs = draw(st.sampled_from([1, 4, 16]))
+    need = max(-(-(len(p) + m) // bs) for p, m, _, _ in reqs)
+    window = draw(st.sampled_from([0, 0, 1, 4, 8]))
+    over = (
+        f"scheduler={draw(st.sampled_from(SCHEDULERS))}",
+        f"allocator={draw(st.sampled_from(ALLOCATORS))}",
+        f"preemption.victim={draw(st.sampled_from(PREEMPTIONS))}",
+        *(("output=deferred", f"window={window}") if window else ("output=immediate",)),
+        f"engine.block_size={bs}",
+        f"engine.num_blocks={need + draw(st.sampled_from([0, 0, 1, 3 * need]))}",
+        f"engine.max_num_seqs={draw(st.integers(1, 8))}",
+    )
+    return reqs, over
+
+
+@given(data=st.data())
+def test_a_replayed_simulation_has_the_real_runs_counts(tiny: Any, data: Any) -> None:
+    model, _ = tiny
+    reqs, over = data.draw(cases(model.config.vocab_size), label="case")
+    note(f"python run.py model=tiny {' '.join(over)}")
+    # Stop tokens that really fire: taken from each request's own greedy continuation.
+    base = real(tiny, over, [spec(i, p, m, True) for i, (p, m, _, _) in enumerate(reqs)])
+    outs = {s.id: s.output_token_ids for s in base.seqs}
+    specs = [
+        spec(i, p, m, ig, stop=(outs[f"r{i}"][-1],) if want and outs[f"r{i}"] else ())
+        for i, (p, m, ig, want) in enumerate(reqs)
+    ]
+    ref = real(tiny, over, specs)
+    sim = simulated(tiny, over, specs, replay={s.id: s.output_token_ids for s in ref.seqs})
+    a, b = summarize(ref), summarize(sim)
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    for r, s in zip(ref.seqs, sim.seqs, strict=True):
+        assert (r.id, r.output_token_ids, r.finish_reason) == (
+            s.id,
+            s.output_token_ids,
+            s.finish_reason,
+        )
+    assert b["clock"] == "virtual" and b["executor"] == "simulated" and b["cost_model"] == "test"
+
+
+def test_without_a_replay_requests_that_ignore_eos_stop_at_max_tokens(tiny: Any) -> None:
+    specs = [spec(i, [5 + i] * (3 + 2 * i), 4 + 3 * i, True) for i in range(6)]
+    over = ("scheduler=static", "allocator=worst_case", "engine.max_num_seqs=4")
+    a, b = summarize(real(tiny, over, specs)), summarize(simulated(tiny, over, specs))
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    assert b["waste_fraction"] > 0  # the static batch's waste is simulated too
+
+
+def test_drawn_lengths_end_on_the_stop_token_within_max_tokens(tiny: Any) -> None:
+    _, tok = tiny
+    specs = [spec(i, [7] * 5, 40, False) for i in range(20)]
+    res = simulated(tiny, ("engine.max_num_seqs=8",), specs)
+    lengths = [len(s.output_token_ids) for s in res.seqs]
+    assert all(1 <= n <= 40 for n in lengths) and len(set(lengths)) > 1  # drawn, not all equal
+    for s in res.seqs:
+        assert s.finish_reason == "length" or s.output_token_ids[-1] == tok.eos_token_id
+        assert tok.eos_token_id not in s.output_token_ids[:-1]
+    again = simulated(tiny, ("engine.max_num_seqs=3",), specs)
+    assert [s.output_token_ids for s in again.seqs] == [s.output_token_ids for s in res.seqs]
+
+
+def test_the_virtual_clock_jumps_to_arrivals_and_never_goes_back(tiny: Any) -> None:
+    specs = [spec(i, [9] * 4, 6, True, arrival=1000.0 * i) for i in range(3)]
+    t0 = time.perf_counter()
+    res = simulated(tiny, (), specs)
+    assert time.perf_counter() - t0 < 60  # 2000 simulated seconds of waiting, not slept
+    times = [st_.time for st_ in res.steps]
+    assert times == sorted(times)
+    for s in res.seqs:
+        assert s.arrival <= s.admitted_at <= s.first_token_at <= s.finished_at
+        assert s.token_times == sorted(s.token_times)
+    assert summarize(res)["makespan_s"] > 2000
+
+
+def test_with_model_host_time_two_runs_give_identical_metrics(tiny: Any) -> None:
+    specs = [spec(i, [3 + i] * (2 + i), 5 + i, True, arrival=0.01 * i) for i in range(8)]
+    over = ("engine.max_num_seqs=3", "output=deferred", "window=2")
+    one, two = (summarize(simulated(tiny, over, specs, host_model=True)) for _ in range(2))
+    times = [k for k in one if k.endswith("_s") or k.startswith("time_share")]
+    assert times and {k: one[k] for k in times} == {k: two[k] for k in times}
+    # and, all arriving at once (no wait to jump over), the clock reads the sum of what the
+    # model says each step cost: host work plus the executor's prediction
+    at_once = [RequestSpec(s.id, s.prompt_token_ids, s.sampling) for s in specs]
+    res = simulated(tiny, over, at_once, host_model=True)
+    assert res.steps[-1].time == pytest.approx(
+        sum(sum(st_.phase_s.values()) for st_ in res.steps), rel=1e-12
+    )
+    assert all(st_.phase_s["schedule"] == 0 and st_.phase_s["host"] > 0 for st_ in res.steps)
+
+
+def test_a_replay_must_cover_the_workload() -> None:
+    streams = TokenStreams(100, 2, replay={"r0": [5, 2]})
+    streams.check_covers(["r0"])
+    with pytest.raises(ReplayError, match=r"lacks 1 request\(s\) of the workload, the first 'r1'"):
+        streams.check_covers(["r0", "r1"])
