@@ -11,9 +11,11 @@ its window from measured seconds, which a simulation predicts instead.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import ReplayError, TokenStreams
 from framework.run.app import build_engine
 from framework.run.summary import COUNT_KEYS, summarize
-from tests.helpers import make_cfg
+from tests.helpers import assert_refused, cli, make_cfg
 
 SCHEDULERS = ("static", "continuous", "priority", "sjf")
 ALLOCATORS = ("worst_case", "incremental", "incremental")
@@ -211,3 +213,97 @@ def test_a_replay_must_cover_the_workload() -> None:
     streams.check_covers(["r0"])
     with pytest.raises(ReplayError, match=r"lacks 1 request\(s\) of the workload, the first 'r1'"):
         streams.check_covers(["r0", "r1"])
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+H100 = "llama-8b-bfloat16-h100-sxm.analytic"  # a shipped profile, by name
+
+
+def test_a_simulated_run_from_the_command_line_says_what_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model=tiny priced as if it were the 8B on an H100 (a profile for another model, so
+    said explicitly): every file written, the times on the virtual clock, labelled analytic."""
+    args = ("model=tiny", "workload=straggler", "observers=[console]", "executor=simulated")
+    status, _, err = cli(
+        capsys, *args, f"executor.profile={H100}", "executor.any_profile=true",
+        f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert (m["executor"], m["clock"], m["cost_model"]) == ("simulated", "virtual", "analytic")
+    assert m["profile"].endswith(f"{H100}.yaml") and m["token_slots"] == 60
+    assert (tmp_path / "steps.csv").exists() and (tmp_path / "outputs.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("executor.profile={tmp}/none.yaml",), "executor.profile={tmp}/none.yaml: no such file"),
+        (("executor.profile={tmp}/bad.yaml",), "executor.profile={tmp}/bad.yaml: not a nanoserve"),
+        (
+            (f"executor.profile={H100}",),
+            "is for LlamaForCausalLM-L32-H4096-A32-KV8-V128256 in bfloat16, this run is "
+            "LlamaForCausalLM-L2-H64-A4-KV2-V49152 in float32; set executor.any_profile=true",
+        ),
+        (
+            (f"executor.profile={H100}", "executor.any_profile=true", "executor.replay={tmp}/r"),
+            "executor.replay lacks 7 request(s) of the workload, the first 'r1'",
+        ),
+        (("executor.host_time=guess",), "executor.host_time must be measured or model"),
+        (("executor=model", "executor.replay=x"), "executor.replay applies to executor=simulated"),
+        (("executor.profile=",), "no shipped profile for LlamaForCausalLM-L2-H64-A4-KV2-V49152"),
+    ],
+)
+def test_bad_simulator_input_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: tuple[str, ...], expected: str
+) -> None:
+    (tmp_path / "bad.yaml").write_text("just: text\n")
+    (tmp_path / "r").write_text('{"id": "r0", "output_token_ids": [5, 6, 7, 8]}\n')
+    args = [o.format(tmp=tmp_path) for o in overrides]
+    status, _, err = cli(
+        capsys, "model=tiny", "workload=straggler", "observers=[console]", "executor=simulated",
+        *args, f"hydra.run.dir={tmp_path}/out",
+    )  # fmt: skip
+    assert_refused(status, err, expected.format(tmp=tmp_path))
+
+
+def test_the_scale_experiment_runs_a_trace_slice(tmp_path: Path) -> None:
+    from experiments.sim_scale import TRACES, main
+
+    if not TRACES["conv"].is_file():
+        pytest.skip("the Azure traces live in ../shared, absent here")
+    main(["--limit", "40", "--traces", "conv", "--out", str(tmp_path), "model=tiny",
+          f"executor.profile={H100}", "executor.any_profile=true"])  # fmt: skip
+    text = (tmp_path / "sim_scale.md").read_text()
+    assert "| conv | off | 40 |" in text and "| conv | on | 40 |" in text
+    assert "steps_per_s" in (tmp_path / "sim_scale.csv").read_text()
+
+
+def test_sweeps_studies_plots_and_mlflow_work_under_the_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study is a sweep of policies: under the simulator it runs, compares the runs'
+    tokens, writes its table; each job draws its plots and is an MLflow run tagged with
+    what predicted its seconds."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    status, _, err = cli(
+        capsys, "-m", "+experiment=batching", "model=tiny", "executor=simulated",
+        f"executor.profile={H100}", "executor.any_profile=true", f"mlflow.tracking_uri={uri}",
+        "observers=[console,plots,mlflow]", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert (tmp_path / "sweep" / "batching.md").exists()
+    assert (tmp_path / "sweep" / "0" / "slot_timeline.png").exists()
+    runs = MlflowClient(uri).search_runs(
+        [e.experiment_id for e in MlflowClient(uri).search_experiments()]
+    )
+    jobs = [r for r in runs if r.data.tags.get("nanoserve.kind") == "job"]
+    assert len(jobs) == 4
+    for r in jobs:
+        assert r.data.tags["nanoserve.executor"] == "simulated"
+        assert r.data.tags["nanoserve.cost_model"] == "analytic"
+        assert r.data.tags["nanoserve.clock"] == "virtual"

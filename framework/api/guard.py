@@ -34,4 +34,8 @@ class Guarded:
             except Exception as exc:
                 raise PolicyError(f"{self._label} raised in {attr}: {exc!r}") from exc
 
+        # Kept: the engine calls a policy's methods several times a step, and wrapping anew
+        # each time was a measurable share of its host work. (Attributes that are not
+        # methods are read through every time: a policy may change them.)
+        self.__dict__[attr] = call
         return call

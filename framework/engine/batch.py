@@ -8,6 +8,7 @@ the same batch from its lengths alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from framework.engine.request import SamplingParams
@@ -38,14 +39,16 @@ class StepBatch:
     # is still on the device from the previous step; `Row.token_ids` then holds a placeholder.
     device_inputs: Any = None
 
-    @property
+    # Computed once: a batch's rows do not change after it is built, and the engine, the
+    # invariants and the executor each ask.
+    @cached_property
     def num_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.rows)
 
-    @property
+    @cached_property
     def prefill_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.rows if not r.is_decode)
 
-    @property
+    @cached_property
     def decode_rows(self) -> int:
         return sum(1 for r in self.rows if r.is_decode)

@@ -6,7 +6,7 @@ They hold only what the engine itself counted; turning them into the flat summar
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host")
@@ -36,10 +36,10 @@ class StepStats:
     phase_s: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
-        d = asdict(self)
+        """One row of steps.csv (shallow: `dataclasses.asdict` deep-copies, ~0.2 ms a step)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "phase_s"}
         for name in PHASES:
-            d[f"{name}_s"] = d["phase_s"].get(name, 0.0)
-        del d["phase_s"]
+            d[f"{name}_s"] = self.phase_s.get(name, 0.0)
         return d
 
 

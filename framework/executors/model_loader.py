@@ -169,6 +169,7 @@ def load_model_config(
 
 def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
     return LlamaConfig(
+        architectures=["LlamaForCausalLM"],
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,

@@ -157,7 +157,7 @@ def observer_block(reg: Registry) -> list[str]:
 def help_text(reg: Registry) -> str:
     chosen = defaults()
     lines = [HEADER, "Choices (GROUP=CHOICE):"]
-    for group in (*GROUPS, "model", "workload"):
+    for group in (*GROUPS, "model", "workload", "executor"):
         lines += group_block(reg, group, chosen.get(group))
     lines += group_block(reg, "experiment", None, ", added as +experiment=NAME")
     lines += group_block(reg, "hydra/launcher", "basic", ", where a -m sweep's jobs run")

@@ -15,8 +15,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.engine.clock import VirtualClock
-from framework.executors.simulated.cost import CostModel, load_cost_model, model_id, read_profile
+from framework.executors.simulated.cost import CostModel, model_id, read_profile
 from framework.executors.simulated.executor import SimulatedExecutor
+from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 
 PROFILES = Path(__file__).resolve().parents[1] / "executors" / "simulated" / "profiles"
@@ -46,28 +47,34 @@ def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
-    """`executor.profile`, or the shipped profile for this model x dtype (the one measured on
-    this CPU when there are several)."""
-    if cfg.executor.profile:
-        return str(cfg.executor.profile)
+    """`executor.profile` (a path, or the name of a shipped profile), else the one shipped
+    profile for this model x dtype: the one measured on this CPU when there are several."""
+    name = cfg.executor.profile
+    if name:
+        for candidate in (Path(str(name)).expanduser(), PROFILES / name, PROFILES / f"{name}.yaml"):
+            if candidate.is_file():
+                return str(candidate)
+        return str(name)  # reported as missing, by name, when it is read
     want = model_id(shape.config)
-    matches = [
-        (p, m)
-        for p, m in shipped_profiles()
-        if m.get("model_id") == want and m.get("dtype") == cfg.dtype
-    ]
+    shipped = shipped_profiles()
+    matches = [p for p, m in shipped if m.get("model_id") == want and m.get("dtype") == cfg.dtype]
     if not matches:
-        shipped = ", ".join(p.name for p, _ in shipped_profiles()) or "none"
+        names = ", ".join(p.stem for p, _ in shipped) or "none"
         raise ValueError(
             f"executor=simulated: no shipped profile for {want} in {cfg.dtype} (shipped: "
-            f"{shipped}); measure one with `python -m experiments.calibrate` and set "
+            f"{names}); measure one with `python -m experiments.calibrate` and set "
             f"executor.profile=PATH"
         )
     from framework.tracking.tags import environment_tags
 
     cpu = environment_tags().get("machine.cpu")
-    here = [p for p, m in matches if (m.get("machine") or {}).get("cpu") == cpu]
-    return str((here or [p for p, _ in matches])[0])
+    here = [p for p, m in shipped if p in matches and (m.get("machine") or {}).get("cpu") == cpu]
+    if len(matches) > 1 and len(here) != 1:
+        raise ValueError(
+            f"executor.profile: {len(matches)} shipped profiles fit {want} in {cfg.dtype} and "
+            f"none was measured on this CPU; name one: {', '.join(p.stem for p in matches)}"
+        )
+    return str((here or matches)[0])
 
 
 def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape) -> None:

@@ -63,6 +63,8 @@ class MlflowLogger:
             **environment_tags(),
             "mlflow.source.name": "run.py",
             "nanoserve.kind": "job" if parent else "run",
+            # model or simulated: whether the run's seconds were measured or predicted
+            "nanoserve.executor": str(run.config.executor.name),
             "nanoserve.output_dir": str(self.output_dir.resolve()),
         }
         # In a sweep the parent run's line at the end says where the runs went: no line each.
@@ -127,6 +129,14 @@ class MlflowLogger:
         if self.run_id is not None:
             if error is not None:
                 self.store.set_tags(self.run_id, {"nanoserve.error": repr(error)})
+            # A simulated run says what predicted its seconds (an analytic profile, say).
+            said = {
+                f"nanoserve.{k}": str(summary[k])
+                for k in ("clock", "cost_model", "profile")
+                if k in summary
+            }
+            if said:
+                self.store.set_tags(self.run_id, said)
             self.store.log_summary(self.run_id, summary)
             self.store.log_metrics(self.run_id, self.series, "the per-step series")
             if self.output_dir is not None and self.output_dir.is_dir():

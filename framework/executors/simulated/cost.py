@@ -79,18 +79,6 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_cost_model(path: str | Path) -> CostModel:
-    """The cost model a profile file describes."""
-    data = read_profile(path)
-    if data["kind"] == "measured":
-        from framework.executors.simulated.profile import MeasuredProfile
-
-        return MeasuredProfile.from_dict(data, source=str(path))
-    from framework.executors.simulated.analytic import AnalyticProfile
-
-    return AnalyticProfile.from_dict(data, source=str(path))
-
-
 def model_id(config: Any) -> str:
     """A model's shape as one string (`LlamaForCausalLM-L30-H576-A9-KV3-V49152`): what a
     profile is for. Two checkpoints of one shape cost the same, so the shape, not the name,

@@ -1,0 +1,249 @@
+"""The analytic (roofline) cost model: a hand-computed case, the 8B on an H100 (decode
+memory bound, prefill compute bound), and the shipped specs and profiles load, agree with
+their sources and round-trip. No GPU, no weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from framework.executors.simulated.analytic import (
+    HARDWARE_DIR,
+    MODELS_DIR,
+    PROFILES_DIR,
+    AnalyticProfile,
+    ModelShape,
+    load_hardware_spec,
+)
+from framework.executors.simulated.cost import FORMAT, ProfileError
+from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.load import load_cost_model
+
+LLAMA_8B = MODELS_DIR / "llama-8b"
+SHIPPED_HW = ("a100-80gb", "h100-sxm", "h200")
+
+# A made-up model and machine, small enough to do by hand.
+TOY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
+TOY_HW = {
+    "id": "toy",
+    "name": "Toy GPU",
+    "memory_bandwidth": 1.0e9,  # x 0.5 = 5e8 B/s effective
+    "peak_flops": {"bfloat16": 1.0e10},  # x 0.5 = 5e9 FLOP/s effective: ridge 10 FLOP/byte
+    "efficiency": {"bandwidth": 0.5, "compute": 0.5},
+    "overhead": {"per_step_s": 1.0e-3, "per_layer_s": 1.0e-4},  # 1.2 ms for 2 layers
+    "sampling": {"per_step_s": 1.0e-4},
+    "host": {"per_step_s": 3.0e-4, "per_row_s": 1.0e-5},
+}
+
+
+def feats(**kw: int) -> StepFeatures:
+    base = dict.fromkeys(StepFeatures.__dataclass_fields__, 0)
+    base.update(kw)
+    base.setdefault("linear_tokens", base["num_tokens"])
+    return StepFeatures(**base)
+
+
+def toy() -> AnalyticProfile:
+    return AnalyticProfile.build(TOY_HW, TOY_CONFIG, "bfloat16")
+
+
+def test_toy_parameter_count() -> None:
+    s = toy().shape
+    # q: 64x64, k and v: 64x(2x16) each, o: 64x64 -> 4096 + 2x2048 + 4096
+    assert s.attention_params == 12288
+    assert s.mlp_params == 3 * 64 * 128 == 24576  # gate, up, down
+    assert s.layer_params == 12288 + 24576 + 2 * 64 == 36992  # + two RMSNorms
+    assert s.block_params == 2 * 36992 + 64 == 74048  # + final norm
+    assert s.total_params == 64000 + 74048 + 64000 == 202048  # embedding, blocks, head
+    assert s.weight_params_read == 74048 + 64000  # all but the input embedding
+    tied = ModelShape.from_config({**TOY_CONFIG, "tie_word_embeddings": True})
+    assert tied.total_params == 138048
+
+
+def test_toy_decode_is_memory_bound() -> None:
+    # Two rows decoding over 10 and 30 tokens of context; one of them samples at random.
+    e = toy().estimate(feats(rows=2, num_tokens=2, decode_rows=2, decode_ctx=40, random_rows=1))
+    assert e.weight_bytes == 2 * (138048 + 2 * 64)  # bf16; + the 2 embedding rows looked up
+    kv_token = 2 * (2 * 2 * 32)  # bytes: layers x (K, V) x kv_heads x head_dim x 2
+    assert e.kv_read_bytes == kv_token * 40 == 10240
+    assert e.kv_write_bytes == kv_token * 2
+    # per token per layer: qkv 64+64+64, attention 2x64, o 64+64, gate-up 64+256, down 128+64
+    assert e.activation_bytes == 2 * (2 * 960) * 2 == 7680
+    assert e.bytes == 294784
+    # 2 x block params x tokens + head 2 x 64 x 1000 x rows + attention 4 x 2 x 64 x ctx
+    assert e.flops == 2 * 74048 * 2 + 2 * 64 * 1000 * 2 + 4 * 2 * 64 * 40 == 572672
+    assert e.memory_s == pytest.approx(294784 / 5e8)
+    assert e.compute_s == pytest.approx(572672 / 5e9)
+    assert e.bound == "memory"
+    assert e.forward_s == pytest.approx(1.2e-3 + 294784 / 5e8)
+    # logits in fp32: one read per row, three more for the random row
+    assert e.sample_s == pytest.approx(1e-4 + 4 * 1000 * (2 + 3) / 5e8)
+
+
+def test_toy_prefill_is_compute_bound() -> None:
+    # One fresh 100-token prompt: queries x context = 100 x 100, its context read once.
+    e = toy().estimate(
+        feats(rows=1, num_tokens=100, prefill_rows=1, prefill_tokens=100, prefill_attn=100 * 100)
+    )
+    assert e.weight_bytes == 2 * (138048 + 100 * 64)
+    assert e.kv_read_bytes == e.kv_write_bytes == 256 * 100
+    assert e.activation_bytes == 2 * 1920 * 100
+    assert e.bytes == 724096
+    # attention at half the square: the causal kernel skips the masked half
+    assert e.flops == 2 * 74048 * 100 + 2 * 64 * 1000 + 4 * 2 * 64 * 5000 == 17497600
+    assert e.bound == "compute"
+    assert e.forward_s == pytest.approx(1.2e-3 + 17497600 / 5e9)
+    cost = toy().predict(
+        feats(rows=1, num_tokens=100, prefill_rows=1, prefill_tokens=100, prefill_attn=100 * 100)
+    )
+    assert (cost.forward_s, cost.sample_s) == (e.forward_s, e.sample_s)
+
+
+def test_toy_host_kind_and_meta() -> None:
+    p = toy()
+    assert p.kind == "analytic" and p.meta["analytic"] is True
+    assert p.host.seconds(4) == pytest.approx(3e-4 + 4e-5)
+    assert p.meta["model_id"] == "LlamaForCausalLM-L2-H64-A4-KV2-V1000"
+    assert p.meta["device"] == "Toy GPU" and p.meta["dtype"] == "bfloat16"
+    assert p.predict(feats()).forward_s == 0.0  # an empty step costs nothing
+
+
+def llama_8b() -> dict:
+    return json.loads((LLAMA_8B / "config.json").read_text())
+
+
+def test_8b_parameter_count() -> None:
+    assert ModelShape.from_config(llama_8b()).total_params == 8_030_261_248  # Llama 3.1 8B
+
+
+def test_8b_h100_decode_batch1_is_weight_bandwidth() -> None:
+    p = AnalyticProfile.build(load_hardware_spec("h100-sxm"), llama_8b(), "bfloat16")
+    e = p.estimate(feats(rows=1, num_tokens=1, decode_rows=1, decode_ctx=16))
+    weight_bytes = 2 * (8_030_261_248 - 128256 * 4096)  # bf16, all but the input embedding
+    overhead = 50e-6 + 32 * 5e-6
+    assert e.bound == "memory"
+    assert e.forward_s == pytest.approx(weight_bytes / (3.35e12 * 0.8) + overhead, rel=0.01)
+
+
+def test_8b_h100_large_prefill_is_compute_bound() -> None:
+    p = AnalyticProfile.build(load_hardware_spec("h100-sxm"), llama_8b(), "bfloat16")
+    n = 8192
+    e = p.estimate(
+        feats(rows=1, num_tokens=n, prefill_rows=1, prefill_tokens=n, prefill_attn=n * n)
+    )
+    assert e.bound == "compute"
+    assert e.compute_s > 3 * e.memory_s
+    assert e.forward_s == pytest.approx(e.flops / (989.5e12 * 0.6) + 210e-6)
+
+
+@pytest.mark.parametrize("hw", SHIPPED_HW)
+def test_shipped_profile_loads_and_matches_its_sources(hw: str) -> None:
+    path = PROFILES_DIR / f"llama-8b-bfloat16-{hw}.analytic.yaml"
+    model = load_cost_model(path)
+    assert isinstance(model, AnalyticProfile)
+    assert model.kind == "analytic" and model.meta["analytic"] is True
+    assert model.meta["model_id"] == "LlamaForCausalLM-L32-H4096-A32-KV8-V128256"
+    assert model.meta["dtype"] == "bfloat16" and model.meta["source"] == str(path)
+    for key in ("device", "hardware", "model", "assumptions", "sources", "date", "commit"):
+        assert key in model.meta, key
+    # In step with the spec file and the config it was made from (remake it if not:
+    # python -m experiments.analytic_profile, meta.made_by).
+    fresh = AnalyticProfile.build(load_hardware_spec(hw), llama_8b(), "bfloat16")
+    assert model.to_dict()["hardware"] == fresh.to_dict()["hardware"]
+    assert model.to_dict()["model_config"] == fresh.to_dict()["model_config"]
+
+
+@pytest.mark.parametrize("hw", SHIPPED_HW)
+def test_round_trip(hw: str, tmp_path: Path) -> None:
+    model = load_cost_model(PROFILES_DIR / f"llama-8b-bfloat16-{hw}.analytic.yaml")
+    again = AnalyticProfile.from_dict(model.to_dict(), source="x")
+    assert again.to_dict() == model.to_dict()
+    out = tmp_path / "p.yaml"
+    out.write_text(yaml.safe_dump(model.to_dict()))
+    reread = load_cost_model(out)
+    step = feats(
+        rows=8,
+        num_tokens=40,
+        prefill_rows=1,
+        prefill_tokens=33,
+        prefill_attn=33 * 33,
+        decode_rows=7,
+        decode_ctx=7000,
+        random_rows=3,
+    )
+    assert reread.predict(step) == model.predict(step)
+
+
+def test_every_shipped_spec_loads() -> None:
+    names = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+    assert names == sorted(SHIPPED_HW)
+    for name in names:
+        spec = load_hardware_spec(name)
+        assert spec["sources"] and spec["assumptions"]
+        for dtype in ("float32", "tfloat32", "bfloat16", "float16"):
+            AnalyticProfile.build(spec, llama_8b(), dtype)
+
+
+def test_refusals() -> None:
+    with pytest.raises(ProfileError, match="memory_bandwidth"):
+        AnalyticProfile.build(
+            {k: v for k, v in TOY_HW.items() if k != "memory_bandwidth"}, TOY_CONFIG, "bfloat16"
+        )
+    with pytest.raises(ProfileError, match="float16"):
+        AnalyticProfile.build(TOY_HW, TOY_CONFIG, "float16")  # no peak given for it
+    with pytest.raises(ProfileError, match="mixture-of-experts"):
+        AnalyticProfile.build(TOY_HW, {**TOY_CONFIG, "num_local_experts": 8}, "bfloat16")
+    with pytest.raises(ProfileError, match=r"efficiency\.compute"):
+        AnalyticProfile.build(
+            {**TOY_HW, "efficiency": {"bandwidth": 0.5, "compute": 1.5}}, TOY_CONFIG, "bfloat16"
+        )
+    data = toy().to_dict()
+    data["meta"]["model_id"] = "LlamaForCausalLM-L30-H576-A9-KV3-V49152"
+    with pytest.raises(ProfileError, match=r"meta\.model_id"):
+        AnalyticProfile.from_dict(data, source="p.yaml")
+    # PyYAML reads 1e9 (no sign in the exponent) as a string: accepted as the number it is
+    assert yaml.safe_load("x: 1e9")["x"] == "1e9"
+    assert (
+        AnalyticProfile.build(
+            {**TOY_HW, "memory_bandwidth": "1e9"}, TOY_CONFIG, "bfloat16"
+        ).hardware.memory_bandwidth
+        == 1e9
+    )
+
+
+def test_writer(tmp_path: Path) -> None:
+    """The writer end to end: AutoConfig reads the shipped config folder, the file it writes
+    loads as kind analytic."""
+    from experiments.analytic_profile import main
+
+    out = main(
+        [
+            "--hardware",
+            "h200",
+            "--model",
+            str(LLAMA_8B),
+            "--dtype",
+            "float16",
+            "--out",
+            str(tmp_path / "p.yaml"),
+        ]
+    )
+    data = yaml.safe_load(out.read_text())
+    assert data["format"] == FORMAT and data["kind"] == "analytic"
+    model = load_cost_model(out)
+    assert model.meta["model"] == "llama-8b" and model.meta["device"] == "NVIDIA H200 SXM 141GB"
+    assert model.meta["dtype"] == "float16"

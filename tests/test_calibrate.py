@@ -1,0 +1,238 @@
+"""Calibration: the tiny model's quick grid writes a profile that loads back and predicts the
+same; the fit recovers known costs; predictions are never negative; a malformed profile is
+one error naming its field. (No measured time is asserted: that is the machine's.)"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from experiments import calibrate
+from framework.executors.simulated.cost import FORMAT, ProfileError
+from framework.executors.simulated.features import NAMES, StepFeatures
+from framework.executors.simulated.load import load_cost_model
+from framework.executors.simulated.profile import (
+    LinearCost,
+    MeasuredProfile,
+    Sample,
+    fit_host,
+    nnls,
+)
+
+
+def features(
+    prefill: Sequence[int] = (),
+    decode_ctx: Sequence[int] = (),
+    random_rows: int = 0,
+) -> StepFeatures:
+    """A step's features by hand: prompts (whole, at position 0) and decode rows' contexts."""
+    tokens = sum(prefill) + len(decode_ctx)
+    return StepFeatures(
+        rows=len(prefill) + len(decode_ctx),
+        num_tokens=tokens,
+        linear_tokens=tokens,
+        prefill_rows=len(prefill),
+        prefill_tokens=sum(prefill),
+        prefill_attn=sum(p * p for p in prefill),
+        decode_rows=len(decode_ctx),
+        decode_ctx=sum(decode_ctx),
+        random_rows=random_rows,
+    )
+
+
+def synthetic_steps(rng: np.random.Generator, n: int) -> list[StepFeatures]:
+    out = []
+    for _ in range(n):
+        prompts = [int(x) for x in rng.integers(4, 600, size=rng.integers(0, 4))]
+        ctx = [int(x) for x in rng.integers(8, 1500, size=rng.integers(0 if prompts else 1, 48))]
+        out.append(features(prompts, ctx, int(rng.integers(0, len(prompts) + len(ctx) + 1))))
+    return out
+
+
+TRUE = LinearCost(
+    0.030,
+    {
+        "linear_tokens": 2.0e-4,
+        "linear_tokens>64": 1.0e-3,
+        "rows": 4.0e-4,
+        "prefill_attn": 6.0e-7,
+        "decode_ctx": 2.5e-6,
+    },
+)
+
+
+def test_the_fit_recovers_known_coefficients_and_reports_holdout_error() -> None:
+    rng = np.random.default_rng(0)
+    steps = synthetic_steps(rng, 600)
+    samples = [
+        Sample(
+            f,
+            TRUE.seconds(f) * (1 + 0.01 * rng.standard_normal()),
+            (5e-5 + 3e-6 * f.rows + 2e-4 * f.random_rows) * (1 + 0.01 * rng.standard_normal()),
+            f"g{i % 10}",
+        )
+        for i, f in enumerate(steps)
+    ]
+    prof = MeasuredProfile.fit(
+        samples,
+        {"model": "synthetic"},
+        forward_terms=[*TRUE.per, "prefill_rows"],  # one term the truth does not have
+        holdout=["g0", "g1"],
+    )
+    # Within 10%: rows and linear_tokens are nearly collinear (equal in a decode step), so
+    # 1% noise trades a little of one for the other.
+    assert prof.forward.intercept_s == pytest.approx(TRUE.intercept_s, rel=0.1)
+    for term, coef in TRUE.per.items():
+        assert prof.forward.per[term] == pytest.approx(coef, rel=0.1), term
+    assert prof.forward.per["prefill_rows"] < 1e-3 * TRUE.intercept_s
+    assert prof.sample.per["random_rows"] == pytest.approx(2e-4, rel=0.05)
+    r = prof.fit_report
+    assert (r["points"], r["holdout_points"]) == (480, 120)
+    assert (r["groups"], r["holdout_groups"]) == (8, 2)
+    assert r["forward_holdout_mape"] < 0.02
+    assert r["forward_holdout_run_max"] < 0.02
+
+
+def test_held_out_groups_do_not_move_the_fit() -> None:
+    rng = np.random.default_rng(1)
+    steps = synthetic_steps(rng, 200)
+    clean = [Sample(f, TRUE.seconds(f), 1e-4, "fit") for f in steps]
+    wild = [Sample(f, 50 * TRUE.seconds(f), 1.0, "held") for f in steps[:20]]
+    terms = list(TRUE.per)
+    a = MeasuredProfile.fit(clean, {}, forward_terms=terms)
+    b = MeasuredProfile.fit(clean + wild, {}, forward_terms=terms, holdout=["held"])
+    assert a.forward == b.forward
+    assert b.fit_report["forward_holdout_mape"] > 0.9  # predicted 1/50 of the wild times
+
+
+def test_predictions_are_never_negative() -> None:
+    # The data want a negative slope on decode_ctx: unconstrained least squares would
+    # predict less than nothing for a long enough context.
+    steps = [features([], [c] * 4) for c in range(16, 2000, 16)]
+    samples = [Sample(f, 0.05 - 1e-5 * f.decode_ctx / 4, 1e-4, "g") for f in steps]
+    prof = MeasuredProfile.fit(samples, {}, forward_terms=["decode_ctx", "decode_rows", "rows"])
+    assert all(c >= 0 for c in prof.forward.per.values()) and prof.forward.intercept_s >= 0
+    rng = np.random.default_rng(2)
+    extremes = [
+        features(),
+        features([1]),
+        features([], [10**6] * 512),
+        features([8192] * 8, [4096] * 256, 264),
+        *synthetic_steps(rng, 200),
+    ]
+    for f in extremes:
+        cost = prof.predict(f)
+        assert cost.forward_s >= 0 and cost.sample_s >= 0
+    # Whatever the coefficients, a sum below zero is clipped.
+    odd = LinearCost(-1.0, {"rows": -1.0})
+    assert odd.seconds(features([4], [9, 9])) == 0.0
+
+
+def test_nnls_matches_the_unconstrained_solution_when_it_is_non_negative() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, size=(50, 4))
+    x = np.array([0.5, 2.0, 0.0, 1.5])
+    got = nnls(a, a @ x)
+    assert np.allclose(got, x, atol=1e-8)
+
+
+def test_host_cost_is_robust_to_a_slow_step() -> None:
+    rows = [r for r in (1, 2, 4, 8, 16, 32) for _ in range(9)]
+    secs = [4e-4 + 2e-5 * r for r in rows]
+    secs[5] = 0.5  # a garbage collection, a neighbour's burst
+    host = fit_host(rows, secs)
+    assert host.per_step_s == pytest.approx(4e-4, rel=1e-6)
+    assert host.per_row_s == pytest.approx(2e-5, rel=1e-6)
+
+
+def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> None:
+    out, raw = tmp_path / "tiny.yaml", tmp_path / "steps.csv"
+    args = calibrate.parse(["--quick", "--ungated", "--out", str(out), "--raw", str(raw)])
+    profile, written = calibrate.run(args)
+    assert written == out
+    loaded = load_cost_model(out)
+    assert isinstance(loaded, MeasuredProfile) and loaded.kind == "measured"
+    with raw.open() as f:
+        rows = list(csv.DictReader(f))
+    grid = calibrate.quick_grid()
+    assert {r["point"] for r in rows} == {p.name for p in grid}
+    for r in rows:
+        feat = StepFeatures(**{k: int(r[k]) for k in NAMES})
+        assert loaded.predict(feat) == profile.predict(feat)
+    assert loaded.host == profile.host and loaded.readback_s == profile.readback_s
+
+    data = yaml.safe_load(out.read_text())
+    assert data["format"] == FORMAT and data["kind"] == "measured"
+    meta = data["meta"]
+    assert meta["model_id"].startswith("LlamaForCausalLM-L2-H64")
+    assert meta["dtype"] == "float32" and meta["device"] == "cpu"
+    assert set(meta["machine"]["isa"]) == set(calibrate.ISA)
+    assert meta["machine"]["threads"] >= 1 and meta["machine"]["cpu"]
+    for key in ("model", "date", "commit", "grid", "kernels"):
+        assert key in meta, key
+    assert [g["name"] for g in meta["grid"]] == [p.name for p in grid]
+    fit = data["fit"]
+    assert fit["holdout_points"] > 0 and fit["points"] > fit["holdout_points"]
+    for key in ("forward_holdout_mape", "forward_holdout_max", "sample_holdout_mape"):
+        assert key in fit, key
+    # JSON says the same.
+    profile.write(tmp_path / "tiny.json")
+    again = load_cost_model(tmp_path / "tiny.json")
+    assert again.forward == profile.forward and again.sample == profile.sample  # type: ignore[attr-defined]
+
+
+def good_profile() -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "kind": "measured",
+        "meta": {"model": "x"},
+        "forward": {"intercept_s": 0.01, "per": {"linear_tokens": 1e-4, "decode_ctx>64": 1e-6}},
+        "sample": {"intercept_s": 1e-5, "per": {"rows": 1e-6}},
+        "readback_s": 1e-6,
+        "host": {"per_step_s": 1e-4, "per_row_s": 1e-5},
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("forward", "per", "linear_tokens"), "fast", "forward.per.linear_tokens"),
+        (("forward", "per", "tokens_squared"), 1e-6, "forward.per.tokens_squared"),
+        (("forward", "per", "decode_ctx>x"), 1e-6, "forward.per.decode_ctx>x"),
+        (("forward", "intercept_s"), -0.5, "forward.intercept_s"),
+        (("forward", "intercept_s"), None, "forward.intercept_s"),
+        (("sample",), None, "sample"),
+        (("sample",), [1, 2], "sample"),
+        (("host", "per_row_s"), "1us", "host.per_row_s"),
+        (("readback_s",), float("nan"), "readback_s"),
+    ],
+)
+def test_a_malformed_profile_names_the_field(
+    tmp_path: Path, path: tuple[str, ...], value: Any, named: str
+) -> None:
+    data = good_profile()
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is None:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    file = tmp_path / "bad.yaml"
+    file.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as err:
+        load_cost_model(file)
+    assert named in str(err.value)
+    assert str(file) in str(err.value)
+
+
+def test_a_good_profile_loads() -> None:
+    prof = MeasuredProfile.from_dict(good_profile(), source="mem")
+    f = features([100], [200, 300])
+    assert prof.predict(f).forward_s == pytest.approx(0.01 + 1e-4 * 102 + 1e-6 * (500 - 64))

@@ -1,0 +1,98 @@
+"""The simulator check runs end to end on the tiny model and writes every column it promises;
+on every closed loop the simulated counts equal the real ones. No time is asserted: how close
+the seconds come is what the check measures, on the machine that runs it."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from experiments import sim_check
+from experiments.benchmark import DEFAULT_TRACE
+from framework.executors.simulated.cost import model_id
+from framework.executors.simulated.profile import LinearCost, MeasuredProfile
+from framework.run.config import MlflowConfig
+from framework.tracking.store import TrackingStore
+
+
+def tiny_profile(path: Path, tiny: tuple) -> Path:
+    """A hand-made profile for the tiny model: the check must not depend on a calibration
+    (its own test is tests/test_calibrate.py), only on a profile that loads."""
+    model, _ = tiny
+    meta = {"model_id": model_id(model.config), "model": "tiny", "dtype": "float32"}
+    forward = LinearCost(1e-3, {"linear_tokens": 1e-5, "decode_ctx": 1e-8})
+    MeasuredProfile(meta, forward, LinearCost(5e-5, {"rows": 1e-6})).write(path)
+    return path
+
+
+def rows_of(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_sim_check_runs_on_the_tiny_model(
+    tmp_path: Path, tiny: tuple, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The Azure workloads need the trace beside the repository (../shared, as in CI).
+    has_trace = DEFAULT_TRACE.is_file()
+    workloads = sim_check.WORKLOADS if has_trace else ("straggler",)
+    profile = tiny_profile(tmp_path / "tiny.yaml", tiny)
+    out = sim_check.main(
+        [
+            "--quick",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--profile",
+            str(profile),
+            "--workloads",
+            ",".join(workloads),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    columns, rows = rows_of(out / "sim_check.csv")
+    assert columns == list(sim_check.COLUMNS)
+    combos = sim_check.policy_combos(quick=True)
+    expected = [sim_check.Case("straggler", c, True).name for c in combos]
+    if has_trace:
+        expected += [sim_check.Case("azure_closed", c, True).name for c in combos]
+        expected += ["tight_pool continuous/incremental/immediate"]
+        expected += [f"azure_open_{x} continuous/incremental/immediate" for x in ("0.5", "0.9")]
+    assert [r["case"] for r in rows] == expected
+    for r in rows:
+        if r["closed_loop"] == "True":
+            assert r["counts_equal"] == "True", r
+            for k in sim_check.COUNTS:
+                assert r[f"{k}_real"] == r[f"{k}_sim"], (r["case"], k)
+        assert r["makespan_real"] and r["makespan_sim"] and r["e2e_mape"], r
+        for m in sim_check.METRICS:
+            assert r[f"{m}_verdict"] in ("met", "within real spread", "not met", "-"), r
+    if has_trace:  # the tight pool does what it is for
+        tight = next(r for r in rows if r["workload"] == "tight_pool")
+        assert int(tight["preemptions_real"]) > 0 and int(tight["recomputed_tokens_real"]) > 0
+
+    step_cols, steps = rows_of(out / "sim_check_steps.csv")
+    assert step_cols == list(sim_check.STEP_COLUMNS)
+    assert {s["case"] for s in steps} == set(expected)
+    pair_cols, pairs = rows_of(out / "sim_check_pairs.csv")
+    assert pair_cols == list(sim_check.PAIR_COLUMNS)
+    closed = {r["case"]: int(r["steps_real"]) for r in rows if r["closed_loop"] == "True"}
+    assert {c: sum(p["case"] == c for p in pairs) for c in closed} == closed  # one per step
+    md = (out / "sim_check.md").read_text()
+    for section in ("## Targets", "## Counts", "## Times", "## Where the seconds go"):
+        assert section in md
+    assert "machine: " in md and "commit: " in md and str(profile) in md
+    assert "MLflow: logged run" in capsys.readouterr().out
+
+    store = TrackingStore(MlflowConfig())
+    found = store.find_run("nanoserve.kind", "sim_check")
+    assert found is not None and found[1]["mlflow.source.name"] == "experiments/sim_check.py"
+    children = store.client.search_runs(
+        [store.experiment_id()], filter_string=f"tags.`mlflow.parentRunId` = '{found[0]}'"
+    )
+    assert sorted(c.data.tags["sim_check.case"] for c in children) == sorted(expected)
