@@ -9,10 +9,12 @@ A profile file (YAML or JSON) holds, besides `format`, `kind: measured` and `met
     host:     {per_step_s: 4.0e-4, per_row_s: 2.0e-5}
     fit:      {points: ..., holdout_points: ..., forward_holdout_mape: ..., ...}
 
-A term of `per` is a `StepFeatures` field (seconds per unit), or `FIELD>KNOT`, a hinge: the
-seconds per unit of FIELD above KNOT. Hinges make the fit piecewise linear where the machine
-changes regime (a few rows read every weight once and are memory bound; many rows are compute
-bound), without a term per regime that would have to be chosen by hand at prediction time.
+A term of `per` is a `StepFeatures` field (seconds per unit), `FIELD>KNOT`, a hinge: the
+seconds per unit of FIELD above KNOT, or a derived term (`DERIVED`: a cost no single field
+carries, such as the packed layers' padding). Hinges make the fit piecewise linear where the
+machine changes regime (a few rows read every weight once and are memory bound; many rows are
+compute bound), without a term per regime that would have to be chosen by hand at prediction
+time.
 
 Every coefficient is fitted non-negative (Lawson-Hanson NNLS), so no step of any shape, inside
 the grid or beyond it, is predicted to cost less than nothing; a negative slope would be
@@ -197,8 +199,8 @@ class Sample:
 
 
 def errors(model: LinearCost, samples: Sequence[Sample], attr: str) -> dict[str, float]:
-    """Per step: mean and max |relative error|; per group (a whole run's seconds summed,
-    what a makespan sees): mean and max |relative error|."""
+    """Per step: the mean, 90th percentile and max of |relative error|; per group (a whole
+    run's seconds summed, what a makespan sees): the mean and max of |relative error|."""
     if not samples:
         return {}
     pred = np.array([model.seconds(s.features) for s in samples])
@@ -337,6 +339,6 @@ class MeasuredProfile:
         if p.suffix == ".json":
             p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         else:
-            # Flow style for the innermost lists and maps: the grid stays one line a point.
+            # Flow style for the innermost lists and maps (ISA flags, coefficients, the report).
             text = yaml.safe_dump(data, sort_keys=False, width=100, default_flow_style=None)
             p.write_text(text, encoding="utf-8")
