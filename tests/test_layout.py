@@ -47,9 +47,7 @@ def framework_imports(path: Path) -> set[str]:
     return {m for m in found if m in MODULES}
 
 
-FILES = {
-    module_name(p): p for p in (ROOT / "framework").rglob("*.py") if "kernels" not in p.parts
-}
+FILES = {module_name(p): p for p in (ROOT / "framework").rglob("*.py") if "kernels" not in p.parts}
 MODULES = set(FILES)
 GRAPH = {m: framework_imports(p) for m, p in FILES.items() if m not in DEPRECATED}
 
@@ -72,7 +70,9 @@ def test_imports_point_one_way(module: str) -> None:
         return
     mine = job(module)
     wrong = sorted(
-        dep for dep in GRAPH[module] if job(dep) not in {mine, *MAY_IMPORT[mine]}  # type: ignore[index]
+        dep
+        for dep in GRAPH[module]
+        if job(dep) not in {mine, *MAY_IMPORT[mine]}  # type: ignore[index]
     )
     assert not wrong, f"{module} ({mine}) imports {wrong}, which {mine} may not depend on"
 

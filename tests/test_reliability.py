@@ -479,8 +479,6 @@ def test_hydra_full_error_shows_the_whole_trace_of_a_user_error(
         cli(capsys, "model=tiny", "engine.block_size=0", f"hydra.run.dir={tmp_path}")
 
 
-
-
 def test_unknown_key_without_plus_is_named_by_hydra() -> None:
     """Hydra refuses `engine.foo=1` while composing and names the key; with `+`, the
     check above lists the allowed settings."""

@@ -134,8 +134,13 @@ class EngineView:
     last_step: Any = None  # the previous step's StepStats (measured counts and phase seconds)
 
     def step_tokens(self) -> int:
-        """Tokens the running rows will put in the next forward (prefill rows count whole)."""
-        return sum(s.step_tokens for s in self.running)
+        """Tokens the running rows will put in the next forward (prefill rows count whole).
+        Summed once per view (a view is a snapshot; the engine asks again for its checks)."""
+        got = self.__dict__.get("_step_tokens")
+        if got is None:
+            got = sum(s.step_tokens for s in self.running)
+            object.__setattr__(self, "_step_tokens", got)
+        return got
 
 
 class Scheduler(ABC):

@@ -443,9 +443,10 @@ class Engine:
         self.waiting.appendleft(seq)
 
     def _choose_admissions(self) -> list[Sequence]:
-        admit = self.p.scheduler.admit(self._view())
+        view = self._view()
+        admit = self.p.scheduler.admit(view)
         rows = len(self.running)
-        tokens = sum(s.step_tokens for s in self.running)
+        tokens = view.step_tokens()
         blocks = 0
         chosen: set[int] = set()  # by status, not by a scan: the queue may hold thousands
         for seq in admit:
@@ -494,9 +495,20 @@ class Engine:
         return kept, finished
 
     # ---- build -----------------------------------------------------------------------
-    def _slot(self, seq: Sequence, pos: int) -> int:
+    def _slots(self, table: list[int], start: int, end: int) -> list[int]:
+        """The cache slots of positions start..end-1: one contiguous range per block, so a
+        thousand-token prompt costs a few list extensions, not a thousand lookups."""
         bs = self.pool.block_size
-        return seq.block_table[pos // bs] * bs + pos % bs
+        if end - start == 1:
+            return [table[start // bs] * bs + start % bs]
+        slots: list[int] = []
+        pos = start
+        while pos < end:
+            base = table[pos // bs] * bs
+            stop = min(end, (pos // bs + 1) * bs)
+            slots.extend(range(base + pos % bs, base + pos % bs + (stop - pos)))
+            pos = stop
+        return slots
 
     def _build(self) -> StepBatch:
         """One packed batch. While the rows are exactly those of the newest held step, every
@@ -510,7 +522,7 @@ class Engine:
             if seq.finished:
                 # Still in a static batch: computed like a decode row over its cached context,
                 # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
-                token = HELD if from_device else seq.all_token_ids()[-1]
+                token = HELD if from_device else seq.tokens_from(seq.num_tokens - 1)[0]
                 scratch = [self.scratch_block * bs + i % bs]
                 rows.append(
                     Row(
@@ -532,9 +544,9 @@ class Engine:
                     raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
                 tokens = [HELD]
             else:
-                tokens = seq.all_token_ids()[start:]
+                tokens = seq.tokens_from(start)
             end = start + len(tokens)
-            slots = [self._slot(seq, p) for p in range(start, end)]
+            slots = self._slots(seq.block_table, start, end)
             rows.append(
                 Row(seq.id, tokens, start, slots, seq.block_table, end, seq.sampling, index)
             )

@@ -39,6 +39,17 @@ class Sequence:
     finished_at: float | None = None
     released_at: float | None = None
     token_times: list[float] = field(default_factory=list)
+    # Fixed by the spec, read several times per row per step: computed once.
+    _prompt_len: int = field(init=False, repr=False)
+    _stop_ids: frozenset[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._prompt_len = len(self.spec.prompt_token_ids)
+        sp = self.spec.sampling
+        ids = set(sp.stop_token_ids)
+        if not sp.ignore_eos and self.eos_token_id is not None:
+            ids.add(self.eos_token_id)
+        self._stop_ids = frozenset(ids)
 
     @property
     def id(self) -> str:
@@ -59,12 +70,12 @@ class Sequence:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.spec.prompt_token_ids)
+        return self._prompt_len
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus every generated token the host has applied."""
-        return self.prompt_len + len(self.output_token_ids)
+        return self._prompt_len + len(self.output_token_ids)
 
     @property
     def max_len(self) -> int:
@@ -83,26 +94,47 @@ class Sequence:
     @property
     def total_len(self) -> int:
         """The length the device knows: applied tokens plus tokens held on the device."""
-        return self.num_tokens + self.num_held
+        return self._prompt_len + len(self.output_token_ids) + self.num_held
 
     @property
     def step_tokens(self) -> int:
         """Tokens the next forward computes for this row (a finished row still costs one)."""
-        return 1 if self.finished else self.total_len - self.num_computed
+        # `finished` and `total_len` inlined: summed over every running row several times
+        # a step, this is among the engine's hottest lines at trace scale.
+        if self.finish_reason is not None:
+            return 1
+        out = len(self.output_token_ids) + self.num_held
+        if out >= self.spec.sampling.max_tokens:
+            return 1
+        return self._prompt_len + out - self.num_computed
 
     @property
     def finished(self) -> bool:
         """Needs no more forwards: its stop token has been seen, or every token it is owed
         has been sampled (a length limit is known on the host without reading any value)."""
         return self.finish_reason is not None or (
-            len(self.output_token_ids) + self.num_held >= self.sampling.max_tokens
+            len(self.output_token_ids) + self.num_held >= self.spec.sampling.max_tokens
         )
 
     def all_token_ids(self) -> list[int]:
         return list(self.spec.prompt_token_ids) + self.output_token_ids
 
+    def tokens_from(self, start: int) -> list[int]:
+        """The applied tokens from position `start` on, without copying the whole prompt:
+        a decode row needs one token, and prompts in real traces run to thousands."""
+        p = self._prompt_len
+        if start >= p:
+            return self.output_token_ids[start - p :]
+        return list(self.spec.prompt_token_ids[start:]) + self.output_token_ids
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """The applied tokens at positions start..end-1 (a prefill chunk)."""
+        p = self._prompt_len
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        head = list(self.spec.prompt_token_ids[start : min(end, p)])
+        return head + self.output_token_ids[: max(0, end - p)] if end > p else head
+
     def stop_ids(self) -> frozenset[int]:
-        ids = set(self.sampling.stop_token_ids)
-        if not self.sampling.ignore_eos and self.eos_token_id is not None:
-            ids.add(self.eos_token_id)
-        return frozenset(ids)
+        """The tokens that end this request: its stop ids, and EOS unless it is ignored."""
+        return self._stop_ids

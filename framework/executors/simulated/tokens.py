@@ -59,6 +59,7 @@ class TokenStreams:
         self.replay = replay
         self.mean = max(1.0, mean_output_tokens)
         self._length: dict[str, int] = {}
+        self._keys: dict[str, tuple[frozenset[int], int]] = {}
 
     def check_covers(self, ids: list[str]) -> None:
         """Every request of the workload must be in the replay: one line naming the first
@@ -73,35 +74,39 @@ class TokenStreams:
             )
 
     def token(self, row: Row) -> int:
-        sp = row.sampling
-        stops = set(sp.stop_token_ids)
-        if not sp.ignore_eos and self.eos is not None:  # as `Sequence.stop_ids`
-            stops.add(self.eos)
+        key = row.seq_id
+        known = self._keys.get(key)
+        if known is None:  # per request, once: its stop set and the hash its draws use
+            sp = row.sampling
+            stops = set(sp.stop_token_ids)
+            if not sp.ignore_eos and self.eos is not None:  # as `Sequence.stop_ids`
+                stops.add(self.eos)
+            known = self._keys[key] = (frozenset(stops), sp.seed ^ _hash(key))
+        stops, salt = known
         i = row.token_index
-        if self.replay is not None and row.seq_id in self.replay:
-            tokens = self.replay[row.seq_id]
+        if self.replay is not None and key in self.replay:
+            tokens = self.replay[key]
             if i < len(tokens):
                 return tokens[i]
-            return self._filler(sp.seed, row.seq_id, i, stops)
-        if not stops:
-            return self._filler(sp.seed, row.seq_id, i, stops)
-        if i + 1 >= self._output_length(row):
+            return self._filler(salt, i, stops)
+        if stops and i + 1 >= self._output_length(row, salt):
             return min(stops)
-        return self._filler(sp.seed, row.seq_id, i, stops)
+        return self._filler(salt, i, stops)
 
-    def _output_length(self, row: Row) -> int:
+    def _output_length(self, row: Row, salt: int) -> int:
         """A seeded geometric draw with mean `mean_output_tokens`, in [1, max_tokens]."""
         key = row.seq_id
         if key not in self._length:
-            u = (draw_seed(row.sampling.seed ^ _hash(key), 1 << 20) % (1 << 53)) / (1 << 53)
+            u = (draw_seed(salt, 1 << 20) % (1 << 53)) / (1 << 53)
             p = 1.0 / self.mean
             n = 1 + int(math.log1p(-u) / math.log1p(-p)) if p < 1 else 1
             self._length[key] = max(1, min(n, row.sampling.max_tokens))
         return self._length[key]
 
-    def _filler(self, seed: int, seq_id: str, index: int, stops: set[int]) -> int:
-        """Any token that is not a stop token, a function of (request, index) alone."""
-        token = draw_seed(seed ^ _hash(seq_id), index) % self.vocab_size
+    def _filler(self, salt: int, index: int, stops: frozenset[int]) -> int:
+        """Any token that is not a stop token, a function of (request, index) alone; `salt`
+        is the request's seed mixed with its id's hash."""
+        token = draw_seed(salt, index) % self.vocab_size
         while token in stops:
             token = (token + 1) % self.vocab_size
         return token
