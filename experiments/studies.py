@@ -247,7 +247,44 @@ STUDIES: dict[str, Study] = {
         "(set hydra.callbacks.study.ttft_slo_s / tpot_slo_s); goodput_rps: those requests per "
         "second of makespan.",
     ),
+    "chunking": Study(
+        title="Chunked prefill: chunk sizes on an open-loop slice of the Azure trace",
+        labels=[("chunk_size", lambda run, p: _chunk_label(run))],
+        columns=[
+            *metrics(
+                "requests_finished",
+                "steps",
+                "prefill_tokens",
+                "prefill_chunks",
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "tpot_p50_s",
+                "tpot_p99_s",
+                "itl_p50_s",
+                "itl_p99_s",
+                "e2e_p50_s",
+                "e2e_p99_s",
+            ),
+            ("slo_met", _slo_fraction),
+            ("goodput_rps", _goodput),
+            ("makespan_s", _metric("makespan_s")),
+        ],
+        plot=["ttft_p99_s", "tpot_p99_s", "itl_p99_s", "goodput_rps"],
+        defaults={"ttft_slo_s": 3.0, "tpot_slo_s": 0.15},
+        note="chunk_size off: prefills are never cut (the unchunked schedule); prefill_chunks: "
+        "prefill rows computed (a prefill served whole is one); itl: every gap between a "
+        "request's consecutive tokens, pooled; slo_met: share of requests with TTFT <= "
+        "{ttft_slo_s} s and TPOT <= {tpot_slo_s} s; goodput_rps: those requests per second "
+        "of makespan.",
+    ),
 }
+
+
+def _chunk_label(run: RunRecord) -> Any:
+    if run.config.scheduler.name != "chunked":
+        return f"off ({run.config.scheduler.name})"
+    size = run.config.scheduler.get("chunk_size")
+    return "off" if size is None else size
 
 
 # ---- the report (the format: framework/tracking/tables.py) --------------------------------

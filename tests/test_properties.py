@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from framework.engine.loop import RunResult
@@ -36,7 +36,9 @@ from framework.run.app import build_engine
 from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, make_cfg
 
-SCHEDULERS = ("static", "continuous", "priority", "sjf")
+SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
+# Chunked prefill: one token, an odd size, one (default) block, and the step budget only.
+CHUNK_SIZES = ("1", "7", "16", "null")
 # Incremental twice as often: it is the allocator that runs dry mid-flight and preempts.
 ALLOCATORS = ("worst_case", "incremental", "incremental")
 PREEMPTIONS = (
@@ -143,7 +145,7 @@ def shapes(vocab: int) -> st.SearchStrategy[Shape]:
 
 
 @st.composite
-def policies(draw: st.DrawFn) -> tuple[str, ...]:
+def policies(draw: st.DrawFn, schedulers: tuple[str, ...] = SCHEDULERS) -> tuple[str, ...]:
     output = draw(
         st.one_of(
             st.just(("output=immediate",)),
@@ -151,8 +153,15 @@ def policies(draw: st.DrawFn) -> tuple[str, ...]:
             st.integers(0, 16).map(lambda k: ("output=adaptive", f"output.max_window={k}")),
         )
     )
+    scheduler = draw(st.sampled_from(schedulers))
+    chunk = (
+        (f"scheduler.chunk_size={draw(st.sampled_from(CHUNK_SIZES))}",)
+        if scheduler == "chunked"
+        else ()
+    )
     return (
-        f"scheduler={draw(st.sampled_from(SCHEDULERS))}",
+        f"scheduler={scheduler}",
+        *chunk,
         f"allocator={draw(st.sampled_from(ALLOCATORS))}",
         *draw(st.sampled_from(PREEMPTIONS)),
         *output,
@@ -160,15 +169,17 @@ def policies(draw: st.DrawFn) -> tuple[str, ...]:
 
 
 @st.composite
-def engines(draw: st.DrawFn, sizes: list[int]) -> tuple[str, ...]:
-    """Block size, a pool that fits the largest request (often exactly), and budgets."""
+def engines(draw: st.DrawFn, sizes: list[int], chunked: bool = False) -> tuple[str, ...]:
+    """Block size, a pool that fits the largest request (often exactly), and budgets; under
+    chunked prefill, a token budget often below the largest request (it is served anyway)."""
     bs = draw(st.sampled_from([1, 2, 4, 8, 16]))
     need = max(-(-n // bs) for n in sizes)
     # Half the time exactly the largest request's need: the tightest pool that must work.
     tight = st.one_of(st.just(0), st.just(0), st.integers(0, 2), st.integers(0, 4 * need))
     blocks = need + draw(tight)
     seqs = draw(st.one_of(st.integers(1, 8), st.integers(2, 4)))
-    tokens = draw(st.one_of(st.just(8192), st.integers(max(max(sizes), seqs), 2 * max(sizes))))
+    low = seqs if chunked else max(max(sizes), seqs)
+    tokens = draw(st.one_of(st.just(8192), st.integers(low, max(low, 2 * max(sizes)))))
     return (
         f"engine.block_size={bs}",
         f"engine.num_blocks={blocks}",
@@ -180,11 +191,16 @@ def engines(draw: st.DrawFn, sizes: list[int]) -> tuple[str, ...]:
 # ---- the property ----------------------------------------------------------------------------
 
 
-def step_bound(specs: list[RequestSpec]) -> int:
+def step_bound(specs: list[RequestSpec], chunked: bool = False) -> int:
     """Every step samples a token for some unfinished request, kept or overshoot (at most
     the window, 16, per request): a run that needs more steps than this is not progressing.
-    Doubled, to leave the argument some slack."""
-    return 2 * (sum(s.sampling.max_tokens for s in specs) + 17 * len(specs)) + 10
+    Doubled, to leave the argument some slack. Under chunked prefill a step may compute
+    only prompt chunks (one token each, at worst), so every prompt and recomputed token may
+    cost a step too: a generous bound, still finite."""
+    bound = 2 * (sum(s.sampling.max_tokens for s in specs) + 17 * len(specs)) + 10
+    if chunked:
+        bound += 8 * sum(len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs)
+    return bound
 
 
 def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
@@ -196,6 +212,18 @@ def cut_at_stop(tokens: list[int], stops: set[int]) -> list[int]:
 
 @given(data=st.data())
 def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: Any) -> None:
+    serves_the_reference(tiny, data, SCHEDULERS)
+
+
+@settings(max_examples=20)
+@given(data=st.data())
+def test_chunked_prefill_serves_exactly_what_the_reference_serves(tiny: Any, data: Any) -> None:
+    """Chunk sizes 1, 7, one block and unlimited, budgets below the largest request, with
+    every allocator, preemption and output policy: the tokens of the unchunked reference."""
+    serves_the_reference(tiny, data, ("chunked",))
+
+
+def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> None:
     model, tok = tiny
     # Mostly several requests at once (lists alone stay short): they are what competes.
     size = data.draw(st.one_of(st.integers(1, 8), st.integers(4, 8)), label="requests")
@@ -218,17 +246,20 @@ def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: An
         eos = {tok.eos_token_id} if not w.ignore_eos else set()
         expected[rid] = cut_at_stop(base[rid], set(stop) | eos)
 
-    combo = data.draw(policies(), label="policies")
-    limits = data.draw(
-        engines([len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs]), label="engine"
-    )
+    combo = data.draw(policies(schedulers), label="policies")
+    chunked = "scheduler=chunked" in combo
+    sizes = [len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs]
+    limits = data.draw(engines(sizes, chunked), label="engine")
     note(f"python run.py model=tiny {' '.join(combo + limits)}")
-    res = serve(tiny, combo + limits, specs, step_bound(specs))  # the end check runs inside
+    res = serve(tiny, combo + limits, specs, step_bound(specs, chunked))  # end check inside
 
     s = summarize(res)
     assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)
+    if chunked:  # every prefill token counted once per (re)computation, in its chunks
+        assert s["prefill_tokens"] == sum(st_.prefill_tokens for st_ in res.steps)
+        assert s["prefill_chunks"] >= sum(1 for q in res.seqs) + s["preemptions"]
     if "output=deferred" in combo:
         window = int(combo[-1].split("=")[1])
         assert max(st_.held_steps for st_ in res.steps) <= window
@@ -245,5 +276,6 @@ def test_any_policy_serves_exactly_what_the_reference_serves(tiny: Any, data: An
         else:
             assert seq.finish_reason == "stop" and out[-1] in stops
             assert not stops & set(out[:-1]), f"{seq.id} went past its first stop token"
-        assert seq.preemptions <= max(0, len(out) - 1), f"{seq.id} preempted without progress"
+        if not chunked:  # a chunked prefill may be preempted before its first token
+            assert seq.preemptions <= max(0, len(out) - 1), f"{seq.id} preempted w/o progress"
     assert s["max_preemptions_per_request"] == max(q.preemptions for q in res.seqs)

@@ -34,7 +34,7 @@ from framework.run.app import build_engine
 from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
 
-SCHEDULERS = ("static", "continuous", "priority", "sjf")
+SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
 ALLOCATORS = ("worst_case", "incremental", "incremental")
 PREEMPTIONS = ("newest", "oldest", "most_blocks")
 # Counts that depend on nothing but the schedule: equal between the real and the simulated run.
@@ -121,8 +121,14 @@ def cases(
     bs = draw(st.sampled_from([1, 4, 16]))
     need = max(-(-(len(p) + m) // bs) for p, m, _, _ in reqs)
     window = draw(st.sampled_from([0, 0, 1, 4, 8]))
+    scheduler = draw(st.sampled_from(SCHEDULERS))
+    chunk = ()
+    if scheduler == "chunked":  # a budget below the longest request: served in chunks
+        size = draw(st.sampled_from(["1", "7", "16", "null"]))
+        chunk = (f"scheduler.chunk_size={size}", f"engine.max_num_batched_tokens={8 + 2 * bs}")
     over = (
-        f"scheduler={draw(st.sampled_from(SCHEDULERS))}",
+        f"scheduler={scheduler}",
+        *chunk,
         f"allocator={draw(st.sampled_from(ALLOCATORS))}",
         f"preemption.victim={draw(st.sampled_from(PREEMPTIONS))}",
         *(("output=deferred", f"window={window}") if window else ("output=immediate",)),

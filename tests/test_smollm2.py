@@ -117,3 +117,32 @@ def test_deferred_output_keeps_every_token(smollm2, chat, output) -> None:
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
     if output != "adaptive" and output != "window=1":
         assert s["transfers_per_step"] < 1
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        ("scheduler.chunk_size=1",),
+        ("scheduler.chunk_size=7",),
+        ("scheduler.chunk_size=16",),  # one block
+        ("scheduler.chunk_size=null",),  # only the budget cuts
+        ("scheduler.chunk_size=7", "engine.num_blocks=14", "output=deferred", "window=4"),
+    ],
+    ids=["chunk1", "chunk7", "chunk_block", "chunk_budget", "chunk7_tight_deferred4"],
+)
+def test_chunked_prefill_matches_hf_generate_over_the_budget(smollm2, chat, over) -> None:
+    """Every request (prompt + 40 tokens) is longer than the 32-token step budget, which an
+    unchunked scheduler would refuse: served in chunks, the tokens of HF `generate`."""
+    model, tok = smollm2
+    specs, refs = chat
+    assert all(len(s.prompt_token_ids) + NEW > 32 for s in specs)
+    cfg = make_cfg("model=smollm2", "scheduler=chunked", "engine.max_num_batched_tokens=32", *over)
+    res = run_engine(cfg, model, tok, specs)
+    s = summarize(res)
+    assert s["requests_finished"] == 8 and s["prefill_chunks"] > 8
+    if "engine.num_blocks=14" in over:
+        assert s["preemptions"] > 0  # and so a chunked recompute
+    for seq in res.seqs:
+        check_same_greedy(
+            model, seq.spec.prompt_token_ids, f"{over} {seq.id}", seq.output_token_ids, refs[seq.id]
+        )

@@ -14,7 +14,7 @@ What a plugin reads of the engine's state (`Sequence`, `Status`, `RequestSpec`,
 engine's own modules, which may move.
 """
 
-from framework.api.admission import OrderKey, admit_fcfs, admit_in_order
+from framework.api.admission import OrderKey, admit_fcfs, admit_in_order, chunk_prefill
 from framework.api.hookspecs import PROJECT, hookimpl, hookspec
 from framework.api.policy import (
     API_VERSION,
@@ -53,6 +53,7 @@ __all__ = [
     "StepStats",
     "admit_fcfs",
     "admit_in_order",
+    "chunk_prefill",
     "hookimpl",
     "hookspec",
 ]

@@ -16,6 +16,15 @@ from framework.engine.sequence import Sequence
 OrderKey = Callable[[Sequence], Any]
 
 
+def chunk_prefill(seq: Sequence, budget: int, chunk_size: int | None) -> int:
+    """A prefill chunk as Sarathi-Serve and vLLM cut it: what `seq` has pending, at most
+    `chunk_size` tokens (None: no cap of its own) and at most the `budget` left in the step.
+    0 when nothing is left: `admit_in_order` then admits no further. The one line a
+    scheduler's `chunk` needs: `return chunk_prefill(seq, budget, self.cfg.chunk_size)`."""
+    cap = budget if chunk_size is None else min(chunk_size, budget)
+    return max(0, min(seq.step_tokens, cap))
+
+
 def admit_fcfs(view: EngineView, limit: int | None = None) -> list[Sequence]:
     """Admit in waiting-queue order: arrival order, preempted requests at the head."""
     return admit_in_order(view, None, limit)
@@ -44,9 +53,14 @@ def admit_in_order(
     for seq in queue:
         if len(admitted) >= slots:
             break
-        need_tokens = seq.step_tokens
+        # The scheduler's chunk of the prompt where it chunks (`Scheduler.chunk`), else all.
+        need_tokens = view.tokens_for(seq, view.max_num_batched_tokens - tokens)
         need_blocks = view.blocks_to_admit(seq)
-        if tokens + need_tokens > view.max_num_batched_tokens or need_blocks > free:
+        if (
+            need_tokens < 1
+            or tokens + need_tokens > view.max_num_batched_tokens
+            or need_blocks > free
+        ):
             break
         admitted.append(seq)
         tokens += need_tokens

@@ -7,7 +7,8 @@ the engine validates the decision before applying it. A policy never allocates o
 KV block, moves a request between queues, or appends a token: it names what should happen.
 
 Four groups, one policy of each per run:
-- Scheduler: which finished rows leave the batch (`evict`) and who is admitted (`admit`).
+- Scheduler: which finished rows leave the batch (`evict`), who is admitted (`admit`), and
+  optionally how much of a prefill each forward computes (`chunk`: chunked prefill).
 - Allocator: how many blocks a sequence needs at admission and before each step.
 - Preemption: which running rows give up their blocks when the pool is dry.
 - OutputPolicy: how long sampled tokens stay on the device before they are read back.
@@ -30,7 +31,9 @@ What a policy may read
     next forward in admission order, finished rows included while the scheduler keeps
     them); `free_blocks` (after this step's growth of the running rows is set aside),
     `block_size`, `num_blocks`; the budgets `max_num_seqs` and `max_num_batched_tokens`;
-    `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens.
+    `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens
+    (their chosen chunks, in the admission view); `tokens_for(seq, budget)`, what the
+    scheduler's `chunk` would give a sequence.
     Each `Sequence`, read-only: `id`, `priority` (lower is more urgent), `arrival`,
     `sampling` (`max_tokens`, temperature, ...), `spec` (the `RequestSpec`, prompt included),
     the lengths `prompt_len`, `num_tokens`, `num_computed`, `step_tokens`, `remaining`,
@@ -45,6 +48,8 @@ What a policy returns, and what the engine checks
     - `Scheduler.admit`: waiting sequences, each once, that fit with the running rows within
       `max_num_seqs`, `max_num_batched_tokens` and the free blocks at the allocator's price.
       Admitting nothing while the engine is idle and requests wait is an error too.
+    - `Scheduler.chunk` (optional): 1..`seq.step_tokens` tokens, the step within
+      `max_num_batched_tokens` (chunked prefill; see the method).
     - `Allocator.blocks_to_admit` / `blocks_to_grow`: at least enough blocks for the tokens
       the sequence will have in its cache.
     - `Preemption.victims`: unfinished running rows, at least one while the pool is short.
@@ -132,15 +137,31 @@ class EngineView:
     max_num_batched_tokens: int
     blocks_to_admit: Callable[[Sequence], int]  # the allocator's price of admitting a sequence
     last_step: Any = None  # the previous step's StepStats (measured counts and phase seconds)
+    # Optional (API 1 additions; None where a view is built by hand):
+    # the scheduler's chunk rule, `chunk(seq, budget)` -> tokens of seq's next forward;
+    chunk_rule: Callable[[Sequence, int], int] | None = None
+    # the running rows' tokens in the next forward once their chunks are chosen (admission).
+    planned_tokens: int | None = None
 
     def step_tokens(self) -> int:
-        """Tokens the running rows will put in the next forward (prefill rows count whole).
+        """Tokens the running rows will put in the next forward: in the admission view,
+        their chunks as the scheduler chose them (a prefill served whole counts whole).
         Summed once per view (a view is a snapshot; the engine asks again for its checks)."""
+        if self.planned_tokens is not None:
+            return self.planned_tokens
         got = self.__dict__.get("_step_tokens")
         if got is None:
             got = sum(s.step_tokens for s in self.running)
             object.__setattr__(self, "_step_tokens", got)
         return got
+
+    def tokens_for(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` would compute in the next forward with `budget` tokens of the step
+        left: the scheduler's `Scheduler.chunk`, or all it has pending where the view has no
+        chunk rule. What `admit_in_order` charges a waiting request."""
+        if self.chunk_rule is None:
+            return seq.step_tokens
+        return self.chunk_rule(seq, budget)
 
 
 class Scheduler(ABC):
@@ -156,6 +177,24 @@ class Scheduler(ABC):
     @abstractmethod
     def admit(self, view: EngineView) -> list[Sequence]:
         """Waiting sequences to admit now, in order. The engine checks every budget again."""
+
+    # True when `chunk` may split a prefill: the engine then serves a request longer than
+    # `engine.max_num_batched_tokens` (in chunks) instead of rejecting it up front.
+    chunks_prefill: bool = False
+
+    def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
+        """How many of `seq`'s pending tokens (`seq.step_tokens`: a prompt, or on a recompute
+        the prompt and what was generated) the next forward computes, with `budget` tokens
+        of the step left. Optional (chunked prefill); the default computes them all.
+
+        Asked, in Sarathi's order, for each running row part way through its prefill (after
+        every decode row's one token is set aside, in running order), then for each
+        sequence `admit` returned (in its order; `admit_in_order` asks the same through
+        `view.tokens_for`). Return 1..seq.step_tokens; the step's total must stay within
+        `max_num_batched_tokens`. A row that stops short of its end samples nothing this
+        step (no token, no seeded draw, no stop check) and continues in the next forward
+        from where it stopped, over the K/V already in its blocks."""
+        return seq.step_tokens
 
     def displace(self, view: EngineView) -> list[Sequence]:
         """Unfinished running rows to preempt now so that a waiting request can be admitted

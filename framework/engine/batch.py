@@ -13,6 +13,8 @@ from typing import Any
 
 from framework.engine.request import SamplingParams
 
+HELD = -1  # placeholder id of a decode row whose input token is still on the device
+
 
 @dataclass(slots=True)  # built for every row of every step: slots make that cheaper
 class Row:
@@ -25,11 +27,23 @@ class Row:
     sampling: SamplingParams
     token_index: int  # which output token this row samples (seeds its draw)
     discard: bool = False  # computed, but nobody keeps its token (a finished row in a static batch)
+    # False for a prefill chunk that stops short of its sequence's end: computed into the
+    # cache, nothing sampled (no token, no seeded draw, no stop check).
+    samples: bool = True
+    # Whether the row computes prefill (prompt, or recomputed) tokens, as the engine counts
+    # them; None (rows made by hand): any row that is not a decode by shape.
+    prefill: bool | None = None
 
     @property
     def is_decode(self) -> bool:
-        """One query over a cached context: batched with the other decode rows."""
+        """One query over a cached context: batched with the other decode rows. The kernel
+        path, not the count: a one-token prefill chunk runs as a decode row."""
         return len(self.token_ids) == 1 and self.start_pos > 0
+
+    @property
+    def in_prefill(self) -> bool:
+        """Counted as prefill: the engine's word, else the row's shape."""
+        return (not self.is_decode) if self.prefill is None else self.prefill
 
 
 @dataclass
@@ -47,8 +61,14 @@ class StepBatch:
 
     @cached_property
     def prefill_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.rows if not r.is_decode)
+        return sum(len(r.token_ids) for r in self.rows if r.in_prefill)
 
     @cached_property
     def decode_rows(self) -> int:
-        return sum(1 for r in self.rows if r.is_decode)
+        """Rows decoding one sampled token (each is one decode token)."""
+        return sum(1 for r in self.rows if not r.in_prefill)
+
+    @cached_property
+    def sampling_rows(self) -> int:
+        """Rows that sample a token (kept or, in a static batch, discarded)."""
+        return sum(1 for r in self.rows if r.samples)

@@ -23,6 +23,8 @@ class StepStats:
     prefill_rows: int
     prefill_tokens: int
     decode_rows: int
+    decode_tokens: int  # one per decode row; prefill_tokens + decode_tokens = the step's tokens
+    partial_rows: int  # prefill chunks short of their end: computed, nothing sampled
     wasted_rows: int  # rows whose sampled token nobody keeps
     tokens_kept: int  # tokens that reached an unfinished request this step
     admitted: int
@@ -50,6 +52,8 @@ class Counters:
     token_slots: int = 0  # row-steps that sampled a token, kept or not
     tokens_kept: int = 0
     prefill_tokens: int = 0
+    # Prefill rows computed: a prefill served whole is one chunk, a chunked one its chunks.
+    prefill_chunks: int = 0
     preemptions: int = 0
     recomputed_tokens: int = (
         0  # tokens whose K/V was computed, dropped by preemption, computed again

@@ -63,9 +63,20 @@ def check_step(
             f"output policy {output_name!r} left {held_steps} steps held, over its window {window}"
         )
     for s in running:
-        if not s.finished and s.num_computed > len(s.block_table) * pool.block_size:
+        if s.finished:
+            continue
+        if s.num_computed > len(s.block_table) * pool.block_size:
             raise InvariantError(
                 f"{s.id} has {s.num_computed} tokens cached in {len(s.block_table)} blocks"
+            )
+        # Every unfinished row has a token left to compute: its newest (sampled) token, or
+        # the rest of a chunked prefill, which samples nothing until it reaches its end.
+        if s.num_computed >= s.total_len or (
+            s.num_computed < s.total_len - 1 and s.num_computed >= s.prefill_end
+        ):
+            raise InvariantError(
+                f"{s.id} computed {s.num_computed} of {s.total_len} tokens (prefill ends at "
+                f"{s.prefill_end}): a row sampled before its prefill was done, or lost a token"
             )
 
 

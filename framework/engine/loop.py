@@ -27,7 +27,7 @@ from framework.api.policy import (
     QueueView,
     Scheduler,
 )
-from framework.engine.batch import Row, StepBatch
+from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import CostModel
@@ -102,9 +102,6 @@ class _Held:
         return sum(1 for d in self.discard if not d)
 
 
-HELD = -1  # placeholder id of a decode row whose input token is still on the device
-
-
 class Engine:
     def __init__(
         self,
@@ -140,6 +137,9 @@ class Engine:
         self.costs = CostModel()
         self._admit_counter = 0
         self.clock = clock or WallClock()
+        # This step's chunk of each row that does not compute all it has pending (chunked
+        # prefill, `Scheduler.chunk`); set when admissions are chosen, read by `_build`.
+        self._chunks: dict[Sequence, int] = {}
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
@@ -178,6 +178,12 @@ class Engine:
             executor=describe(self.executor),
         )
 
+    @property
+    def chunks_prefill(self) -> bool:
+        """The scheduler may cut prefills (`Scheduler.chunks_prefill`): then a request
+        longer than the token budget is served in chunks, not rejected."""
+        return bool(getattr(self.p.scheduler, "chunks_prefill", False))
+
     def now(self) -> float:
         return self.clock.now()
 
@@ -194,7 +200,7 @@ class Engine:
                 f"prompt + max_tokens = {seq.max_len} needs {need} blocks; the pool has "
                 f"{self.pool.num_blocks} (engine.num_blocks)"
             )
-        if seq.max_len > self.limits.max_num_batched_tokens:
+        if seq.max_len > self.limits.max_num_batched_tokens and not self.chunks_prefill:
             return (
                 f"prompt + max_tokens = {seq.max_len} exceeds engine.max_num_batched_tokens "
                 f"= {self.limits.max_num_batched_tokens} (a preempted request is prefilled "
@@ -263,12 +269,14 @@ class Engine:
         for row_seq, row in zip(self.running, batch.rows, strict=True):
             if not row.discard:
                 row_seq.num_computed = row.start_pos + len(row.token_ids)
-                row_seq.num_held += 1
-        self.counters.token_slots += len(batch.rows)
+                if row.samples:  # a chunk short of the end samples nothing
+                    row_seq.num_held += 1
+        self.counters.token_slots += batch.sampling_rows
         self.counters.prefill_tokens += batch.prefill_tokens
+        self.counters.prefill_chunks += len(batch.rows) - batch.decode_rows
         held = _Held(
             list(self.running),
-            [r.discard for r in batch.rows],
+            [r.discard or not r.samples for r in batch.rows],
             self.readback.start(result.tokens),
             self.p.output.window(),
         )
@@ -293,6 +301,8 @@ class Engine:
             prefill_rows=len(batch.rows) - batch.decode_rows,
             prefill_tokens=batch.prefill_tokens,
             decode_rows=batch.decode_rows,
+            decode_tokens=batch.decode_rows,
+            partial_rows=len(batch.rows) - batch.sampling_rows,
             wasted_rows=sum(1 for r in batch.rows if r.discard),
             tokens_kept=kept,
             admitted=len(admitted),
@@ -327,8 +337,14 @@ class Engine:
         for seq in finished:
             self.hooks.on_request_finished(request=seq)
 
-    def _view(self) -> EngineView:
-        return EngineView(
+    def _view(self, planned_tokens: int | None = None) -> EngineView:
+        sched = self.p.scheduler
+        view: EngineView | None = None
+
+        def chunk_rule(seq: Sequence, budget: int) -> int:
+            return sched.chunk(view, seq, budget)
+
+        view = EngineView(
             now=self.now(),
             step=len(self.steps),
             waiting=QueueView(self.waiting),
@@ -340,7 +356,10 @@ class Engine:
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
             blocks_to_admit=lambda s: self.p.allocator.blocks_to_admit(s, self.pool.block_size),
             last_step=self.steps[-1] if self.steps else None,
+            chunk_rule=chunk_rule,
+            planned_tokens=planned_tokens,
         )
+        return view
 
     def _output_view(self) -> OutputView:
         return OutputView(
@@ -443,10 +462,10 @@ class Engine:
         self.waiting.appendleft(seq)
 
     def _choose_admissions(self) -> list[Sequence]:
-        view = self._view()
+        chunks, tokens = self._plan_running()
+        view = self._view(planned_tokens=tokens)
         admit = self.p.scheduler.admit(view)
         rows = len(self.running)
-        tokens = view.step_tokens()
         blocks = 0
         chosen: set[int] = set()  # by status, not by a scan: the queue may hold thousands
         for seq in admit:
@@ -454,7 +473,10 @@ class Engine:
                 raise self._fail("scheduler", f"admitted {seq.id}, which is not waiting")
             chosen.add(id(seq))
             rows += 1
-            tokens += seq.step_tokens
+            n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens)
+            if n != seq.step_tokens:
+                chunks[seq] = n
+            tokens += n
             blocks += self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
         lim = self.limits
         if rows > lim.max_num_seqs:
@@ -472,7 +494,38 @@ class Engine:
             raise self._fail(
                 "scheduler", f"admissions need {blocks} blocks, {self.pool.num_free} are free"
             )
+        self._chunks = chunks
         return admit
+
+    def _chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
+        """The scheduler's chunk of `seq`'s pending tokens, checked."""
+        n = self.p.scheduler.chunk(view, seq, budget)
+        if not isinstance(n, int) or not 1 <= n <= seq.step_tokens:
+            raise self._fail(
+                "scheduler",
+                f"chunked {seq.id} to {n!r} tokens; it has {seq.step_tokens} pending (1.."
+                f"{seq.step_tokens})",
+            )
+        return n
+
+    def _plan_running(self) -> tuple[dict[Sequence, int], int]:
+        """The running rows' tokens in the next forward, in Sarathi's order: every decode
+        (and finished) row its one token first, then each row part way through a chunked
+        prefill, in running order, what the scheduler's `chunk` gives it from the rest of
+        the budget. Returns the chunks that are not whole, and the rows' total."""
+        partial = [s for s in self.running if s.step_tokens > 1]
+        tokens = len(self.running)
+        chunks: dict[Sequence, int] = {}
+        if not partial:
+            return chunks, tokens
+        view = self._view()
+        for seq in partial:
+            # One token of each row is already counted; the row may take the rest left.
+            n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens + 1)
+            tokens += n - 1
+            if n != seq.step_tokens:
+                chunks[seq] = n
+        return chunks, tokens
 
     def _admit(self, admit: list[Sequence]) -> tuple[int, list[Sequence]]:
         kept, finished = 0, []
@@ -487,6 +540,7 @@ class Engine:
                     "allocator", f"gave {seq.id} {n} blocks for {seq.num_tokens} tokens"
                 )
             seq.status = Status.RUNNING
+            seq.prefill_end = seq.total_len  # all of it is prefill, until the row samples
             seq.admit_order = self._admit_counter
             self._admit_counter += 1
             if seq.admitted_at is None:
@@ -512,10 +566,12 @@ class Engine:
 
     def _build(self) -> StepBatch:
         """One packed batch. While the rows are exactly those of the newest held step, every
-        row's input is its token in that step's device tensor: nothing crosses to the host."""
+        row with a held token takes it from that step's device tensor: nothing crosses to the
+        host (a row part way through a chunked prefill sends its next prompt tokens)."""
         bs = self.pool.block_size
         newest = self.held[-1] if self.held else None
         from_device = newest is not None and newest.rows == self.running
+        chunks = self._chunks
         rows: list[Row] = []
         for i, seq in enumerate(self.running):
             index = len(seq.output_token_ids) + seq.num_held
@@ -535,6 +591,7 @@ class Engine:
                         seq.sampling,
                         index,
                         discard=True,
+                        prefill=False,
                     )
                 )
                 continue
@@ -544,11 +601,25 @@ class Engine:
                     raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
                 tokens = [HELD]
             else:
-                tokens = seq.tokens_from(start)
+                n = chunks.get(seq)  # None: all it has pending
+                tokens = (
+                    seq.tokens_from(start) if n is None else seq.tokens_between(start, start + n)
+                )
             end = start + len(tokens)
             slots = self._slots(seq.block_table, start, end)
             rows.append(
-                Row(seq.id, tokens, start, slots, seq.block_table, end, seq.sampling, index)
+                Row(
+                    seq.id,
+                    tokens,
+                    start,
+                    slots,
+                    seq.block_table,
+                    end,
+                    seq.sampling,
+                    index,
+                    samples=end == seq.total_len,
+                    prefill=start < seq.prefill_end,
+                )
             )
         device_inputs = newest.pending.tokens if from_device and newest is not None else None
         return StepBatch(rows, device_inputs)

@@ -29,6 +29,10 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V is in this sequence's blocks
     num_held: int = 0  # sampled tokens still on the device: in the cache, not yet in the request
+    # Positions below this are prefill since the last admission (the prompt, and on a
+    # recompute what was generated before the preemption); a chunked prefill is part way
+    # while num_computed is below it.
+    prefill_end: int = 0
     finish_reason: str | None = None
     reject_reason: str | None = None
     preemptions: int = 0

@@ -9,7 +9,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from framework.engine.batch import StepBatch
+from framework.engine.batch import HELD, StepBatch
 from framework.engine.executor import ExecResult
 from framework.engine.kv_cache import KVCache
 from framework.executors.kernels.paged_decode import available
@@ -54,8 +54,13 @@ class HFExecutor:
         dec_blocks: list[list[int]] = []
         dec_lens: list[int] = []
         prefills: list[PrefillRow] = []
-        for row in batch.rows:
+        held_at: list[int] = []  # packed index of each row whose input is on the device
+        held_rows: list[int] = []
+        for i, row in enumerate(batch.rows):
             start = len(ids)
+            if row.token_ids[0] == HELD:
+                held_at.append(start)
+                held_rows.append(i)
             ids.extend(row.token_ids)
             pos.extend(range(row.start_pos, row.start_pos + len(row.token_ids)))
             slots.extend(row.slots)
@@ -67,10 +72,9 @@ class HFExecutor:
             else:
                 ctx = None
                 if row.start_pos > 0:  # a prefill over cached context: read it through blocks
-                    table = row.block_table
-                    ctx = torch.tensor(
-                        [table[p // bs] * bs + p % bs for p in range(row.ctx_len)], device=dev
-                    )
+                    table = torch.tensor(row.block_table[: -(-row.ctx_len // bs)])
+                    ctx = (table[:, None] * bs + torch.arange(bs)).view(-1)[: row.ctx_len]
+                    ctx = ctx.to(dev)
                 prefills.append(PrefillRow(start, len(row.token_ids), ctx))
         width = max((len(b) for b in dec_blocks), default=0)
         blocks = torch.zeros(len(dec_blocks), width, dtype=torch.long)
@@ -88,10 +92,14 @@ class HFExecutor:
             prefills=prefills,
             decode_kernel=self.kernel,
         )
-        if batch.device_inputs is not None:
+        if batch.device_inputs is not None and len(held_at) == len(ids):
             input_ids = batch.device_inputs.reshape(1, -1).to(torch.long)
         else:
             input_ids = torch.tensor([ids], device=dev)
+            if held_at:  # some rows' inputs on the device (beside a prefill chunk's tokens)
+                src = batch.device_inputs.reshape(-1).to(torch.long)
+                at = torch.tensor(held_at, device=dev)
+                input_ids[0, at] = src[torch.tensor(held_rows, device=dev)]
         position_ids = torch.tensor([pos], device=dev)
         keep = torch.tensor(last, device=dev)
         return paged, input_ids, position_ids, keep

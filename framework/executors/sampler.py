@@ -38,7 +38,7 @@ def sample(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
     tokens = torch.argmax(logits, dim=-1)
     for i, row in enumerate(rows):
         sp = row.sampling
-        if sp.greedy or row.discard:
+        if sp.greedy or row.discard or not row.samples:  # no draw for a token nobody keeps
             continue
         scaled = filter_logits(logits[i].float() / sp.temperature, sp.top_k, sp.top_p)
         probs = torch.softmax(scaled, dim=-1)

@@ -149,7 +149,8 @@ def check_before_loading(cfg: DictConfig) -> None:
     device, the model folder, the workload's fields and files, and (when the workload's
     sizes and the pool are both known without the model) whether any request fits."""
     check_run(cfg)
-    build_policies(cfg)
+    policies = build_policies(cfg)
+    chunks = bool(getattr(policies.scheduler, "chunks_prefill", False))
     check_window(cfg)
     resolve_device(cfg.device)
     resolve_dtype(cfg.dtype)
@@ -161,7 +162,8 @@ def check_before_loading(cfg: DictConfig) -> None:
             num_blocks=e.num_blocks,
             block_size=e.block_size,
             max_model_len=cfg.model.max_model_len,
-            max_num_batched_tokens=e.max_num_batched_tokens,
+            # a scheduler that chunks prefills serves a request longer than the budget
+            max_num_batched_tokens=None if chunks else e.max_num_batched_tokens,
             pool_source=f"engine.num_blocks={e.num_blocks}",
         )
 
@@ -179,7 +181,9 @@ def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec])
         num_blocks=engine.pool.num_blocks,
         block_size=engine.pool.block_size,
         max_model_len=engine.limits.max_model_len,
-        max_num_batched_tokens=engine.limits.max_num_batched_tokens,
+        max_num_batched_tokens=None
+        if engine.chunks_prefill
+        else engine.limits.max_num_batched_tokens,
         pool_source=source,
     )
 

@@ -223,7 +223,7 @@ def check_fits(
     num_blocks: int | None,
     block_size: int,
     max_model_len: int | None,
-    max_num_batched_tokens: int,
+    max_num_batched_tokens: int | None,
     pool_source: str = "",
 ) -> None:
     """Fail up front when no request of the workload could ever run here.
@@ -232,7 +232,8 @@ def check_fits(
     model's context, the pool or the token budget is rejected by the engine with its reason
     while the rest run; when that would be every request, the run is pointless, so it stops
     here naming each limit in the way and what the largest request needs. A limit not known
-    yet (None: the pool before the model is loaded) is not checked. `pool_source` says
+    yet (None: the pool before the model is loaded) is not checked, nor is the token budget
+    where the scheduler chunks prefills (None). `pool_source` says
     where the pool size came from (`engine.num_blocks=...` or `engine.kv_memory_mb=...`).
     """
     if not sizes:
@@ -254,7 +255,7 @@ def check_fits(
             f"the model's context is {max_model_len} tokens (model.max_model_len, or the "
             f"model's max_position_embeddings): lower the prompt lengths or max_tokens"
         )
-    if small > max_num_batched_tokens:
+    if max_num_batched_tokens is not None and small > max_num_batched_tokens:
         limits.append(
             f"engine.max_num_batched_tokens = {max_num_batched_tokens} (a request, or a "
             f"preempted one, is prefilled whole): set it >= {large}"

@@ -35,6 +35,9 @@ def summarize(result: RunResult) -> dict[str, Any]:
         and s.first_token_at is not None
         and len(s.output_token_ids) > 1
     ]
+    # Inter-token latency: every gap between consecutive tokens of a request, pooled. Its
+    # tail is the decode stall that a long prefill causes and chunked prefill removes.
+    itl = [b - a for s in done for a, b in zip(s.token_times, s.token_times[1:], strict=False)]
     makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
     phase_total = {p: sum(st.phase_s.get(p, 0.0) for st in steps) for p in PHASES}
     step_total = sum(phase_total.values())
@@ -48,6 +51,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "token_slots": slots,
         "tokens_kept": counters.tokens_kept,
         "prefill_tokens": counters.prefill_tokens,
+        "prefill_chunks": counters.prefill_chunks,
         "waste_fraction": (slots - counters.tokens_kept) / slots if slots else 0.0,
         "occupancy": counters.tokens_kept / (max_num_seqs * n_steps) if n_steps else 0.0,
         "mean_rows": sum(st.rows for st in steps) / n_steps if n_steps else 0.0,
@@ -74,6 +78,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "tpot_p50_s": _pct(tpot, 50),
         "tpot_p90_s": _pct(tpot, 90),
         "tpot_p99_s": _pct(tpot, 99),
+        "itl_p50_s": _pct(itl, 50),
+        "itl_p99_s": _pct(itl, 99),
         "e2e_mean_s": float(np.mean(e2e)) if e2e else None,
         "e2e_p50_s": _pct(e2e, 50),
         "e2e_p90_s": _pct(e2e, 90),
@@ -84,6 +90,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
     # Progress: every admission yields a token before its row can be preempted again, so a
     # request is preempted at most (its tokens - 1) times; this shows how close runs come.
+    # (Not under chunked prefill: a row may be preempted part way through its prefill.)
     summary["max_preemptions_per_request"] = max((s.preemptions for s in seqs), default=0)
     # What the times are: the wall clock of this machine, or a simulation's virtual clock
     # (and then what predicted each step: a measured profile, or an analytic one).
@@ -100,6 +107,7 @@ COUNT_KEYS = (
     "token_slots",
     "tokens_kept",
     "prefill_tokens",
+    "prefill_chunks",
     "waste_fraction",
     "occupancy",
     "mean_rows",

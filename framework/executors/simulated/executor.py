@@ -25,7 +25,8 @@ class SimulatedExecutor:
 
     def execute(self, batch: StepBatch) -> ExecResult:
         cost = self.cost.predict(StepFeatures.of(batch))
-        ids = [self.tokens.token(row) for row in batch.rows]
+        # A chunk short of its prompt's end samples nothing: its entry is never read.
+        ids = [self.tokens.token(row) if row.samples else 0 for row in batch.rows]
         return ExecResult(
             tokens=torch.tensor(ids, dtype=torch.long),
             forward_s=cost.forward_s,

@@ -60,7 +60,7 @@ class StepFeatures:
                 prefill_rows += 1
                 prefill_tokens += q
                 prefill_attn += q * row.ctx_len
-            if not (row.sampling.greedy or row.discard):
+            if not (row.sampling.greedy or row.discard or not row.samples):
                 random += 1
         tokens = prefill_tokens + decode_rows
         return cls(
