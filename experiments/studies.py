@@ -10,7 +10,10 @@ be written again with `python -m experiments.studies NAME multirun/NAME/DATE`.
 A comparison refuses to compare different work: runs in one comparison group (same
 workload) must have produced the same tokens for the same requests (`outputs.jsonl`);
 otherwise `DifferentWork` names the runs and the first request that differs, and nothing
-is written.
+is written. The one exception is the project's tie rule (`framework.run.greedy_check`): where
+two runs of a real model first differ at a genuine fp32 tie (the two tokens' logits closer
+than `TIE`, so a different batch shape or chunking may flip the argmax), the difference is
+accepted and listed under the table.
 
 Counts (token slots, waste, occupancy, preemptions) hold on any machine; the seconds
 describe only the machine named in the table's heading.
@@ -48,13 +51,15 @@ class RunRecord:
     outputs: dict[str, list[int]]  # request id -> output token ids
     requests: list[dict[str, str]]
     steps: list[dict[str, str]]
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # request id -> prompt ids
 
 
 def load_run(folder: Path) -> RunRecord:
-    outputs = {}
+    outputs, prompts = {}, {}
     for line in (folder / "outputs.jsonl").read_text().splitlines():
         o = json.loads(line)
         outputs[o["id"]] = o["output_token_ids"]
+        prompts[o["id"]] = o.get("prompt_token_ids", [])
     return RunRecord(
         folder=folder,
         config=OmegaConf.load(folder / "config.yaml"),
@@ -62,6 +67,7 @@ def load_run(folder: Path) -> RunRecord:
         outputs=outputs,
         requests=read_csv(folder / "requests.csv"),
         steps=read_csv(folder / "steps.csv"),
+        prompts=prompts,
     )
 
 
@@ -77,19 +83,64 @@ def load_sweep(sweep_dir: Path) -> list[RunRecord]:
     return [load_run(p) for p in jobs]
 
 
-def check_same_work(runs: list[RunRecord], group: Callable[[RunRecord], Hashable]) -> None:
-    """Refuse (DifferentWork) unless the runs of each group produced the same tokens."""
+# Whether two runs' outputs of one request differ only from a genuine tie on: a line saying
+# where (accepted), or None (different work).
+TieCheck = Callable[[RunRecord, RunRecord, str], "str | None"]
+
+
+def check_same_work(
+    runs: list[RunRecord],
+    group: Callable[[RunRecord], Hashable],
+    tie_check: TieCheck | None = None,
+) -> list[str]:
+    """Refuse (DifferentWork) unless the runs of each group produced the same tokens, up to
+    genuine ties where `tie_check` accepts them. Returns a line per accepted tie."""
     first: dict[Hashable, RunRecord] = {}
+    ties: list[str] = []
     for run in runs:
         ref = first.setdefault(group(run), run)
         if run.outputs == ref.outputs:
             continue
         ids = sorted(set(run.outputs) | set(ref.outputs))
-        diff = next(i for i in ids if run.outputs.get(i) != ref.outputs.get(i))
-        raise DifferentWork(
-            f"not comparing different work: {run.folder} and {ref.folder} produced different "
-            f"tokens for request {diff} ({len(run.outputs.get(diff, []))} vs "
-            f"{len(ref.outputs.get(diff, []))} tokens); no table written"
+        for diff in (i for i in ids if run.outputs.get(i) != ref.outputs.get(i)):
+            tie = tie_check(run, ref, diff) if tie_check is not None else None
+            if tie is not None:
+                ties.append(tie)
+                continue
+            raise DifferentWork(
+                f"not comparing different work: {run.folder} and {ref.folder} produced "
+                f"different tokens for request {diff} ({len(run.outputs.get(diff, []))} vs "
+                f"{len(ref.outputs.get(diff, []))} tokens); no table written"
+            )
+    return ties
+
+
+class ModelTies:
+    """The tie rule on a real model's runs: the model is loaded (once, on the first
+    difference) from the runs' own config. A simulated run's tokens come from seeded
+    streams, not logits: no tie to accept there."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+
+    def __call__(self, run: RunRecord, ref: RunRecord, rid: str) -> str | None:
+        from framework.run.greedy_check import compare_greedy
+
+        cfg = run.config
+        if cfg.get("executor", {}).get("name", "model") != "model" or rid not in ref.prompts:
+            return None
+        if self._model is None:
+            from framework.run.app import load
+
+            self._model = load(cfg)[0]
+        ours, theirs = run.outputs.get(rid, []), ref.outputs.get(rid, [])
+        got = compare_greedy(self._model, ref.prompts[rid], rid, ours, theirs)
+        if not got.equal or got.divergence is None:
+            return None
+        d = got.divergence
+        return (
+            f"{rid}: {run.folder.name} against {ref.folder.name}, token {d.position}: {d.ours} "
+            f"vs {d.ref}, logit gap {d.gap:.2g} (a tie; the rest of its output may differ)"
         )
 
 
@@ -288,8 +339,12 @@ def _chunk_label(run: RunRecord) -> Any:
 
 
 # ---- the report (the format: framework/tracking/tables.py) --------------------------------
-def build_rows(study: Study, runs: list[RunRecord], params: dict[str, Any]) -> list[dict]:
-    check_same_work(runs, study.group)
+def build_rows(
+    study: Study, runs: list[RunRecord], params: dict[str, Any], ties: list[str] | None = None
+) -> list[dict]:
+    got = check_same_work(runs, study.group, ModelTies())
+    if ties is not None:
+        ties.extend(got)
     return [{name: fn(run, params) for name, fn in study.labels + study.columns} for run in runs]
 
 
@@ -297,6 +352,16 @@ def heading(runs: list[RunRecord]) -> str:
     tags = environment_tags()
     cfg = runs[0].config
     dirty = " with local changes" if tags["git.dirty"] == "true" else ""
+    m = runs[0].metrics
+    profile = Path(str(m.get("profile", "?"))).name
+    if m.get("executor") == "simulated":  # the seconds are predictions, not measurements
+        return (
+            f"Simulated {time.strftime('%Y-%m-%d')} (executor=simulated, virtual clock, "
+            f"{m.get('cost_model', '?')} profile {profile}; computed on "
+            f"{tags['machine.cpu']}), model {cfg.model.source}, {cfg.dtype}, commit "
+            f"{tags['git.commit'][:10]}{dirty}. Counts hold on any machine; the seconds are "
+            f"the profile's predictions for the machine it describes."
+        )
     return (
         f"Measured {time.strftime('%Y-%m-%d')} on {tags['machine.cpu']} "
         f"({tags['machine.cores']} cores, GPU: {tags['machine.gpu']}), model {cfg.model.source}, "
@@ -310,10 +375,14 @@ def write_report(name: str, runs: list[RunRecord], params: dict[str, Any], out: 
     """`NAME.md`, `NAME.csv` and `NAME.png` in `out`; returns the Markdown file."""
     study = STUDIES[name]
     params = {**study.defaults, **params}
-    rows = build_rows(study, runs, params)
+    ties: list[str] = []
+    rows = build_rows(study, runs, params, ties)
     cols = list(rows[0])
     write_csv(rows, cols, out / f"{name}.csv")
     note = study.note.format(**params)
+    if ties:
+        note += "\n\nTies accepted (greedy outputs that first differ at a genuine fp32 tie):\n"
+        note += "".join(f"\n- {t}" for t in ties)
     text = f"## {study.title}\n\n{heading(runs)}\n\n{markdown_table(rows, cols)}\n\n{note}\n"
     md = out / f"{name}.md"
     md.write_text(text)

@@ -29,6 +29,7 @@ SHRINK = {
     "batching": [],
     "allocation": [],
     "deferral": ["workload.limit=3", "workload.max_tokens=6", "window=0,2"],
+    "chunking": [],
     "trace": [
         "workload.limit=4",
         "workload.max_prompt_tokens=32",
@@ -124,3 +125,39 @@ def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: P
     shutil.rmtree(sweep / "0")
     shutil.rmtree(sweep / "1")
     write_report("batching", load_sweep(sweep), {}, sweep)
+
+
+def test_a_genuine_tie_is_accepted_and_listed(batching: Path) -> None:
+    """Where two runs first differ at a genuine fp32 tie, the comparison goes on (the
+    project's tie rule); the tie check decides, and anything it rejects is refused."""
+    from experiments.studies import check_same_work
+
+    runs = load_sweep(batching)
+    runs[1].outputs = {**runs[1].outputs, "r2": [*runs[1].outputs["r2"][:-1], 7]}
+    same_workload = STUDIES["batching"].group
+    ties = check_same_work(runs, same_workload, lambda run, ref, rid: f"{rid}: a tie")
+    assert ties == ["r2: a tie"]
+    with pytest.raises(DifferentWork, match="request r2"):
+        check_same_work(runs, same_workload, lambda run, ref, rid: None)
+
+
+def test_chunking_study_on_the_simulated_executor(tmp_path: Path, uri: str) -> None:
+    if not TRACE.is_file():
+        pytest.skip(f"the Azure trace is not at {TRACE}")
+    run_study(
+        "chunking",
+        tmp_path,
+        uri,
+        "observers=[console]",
+        "executor=simulated",
+        "executor.profile=smollm2-float32-amd-epyc-zen4",
+        "executor.any_profile=true",  # SmolLM2's seconds, the tiny model's shape
+        f"workload.path={TRACE}",
+        "workload.limit=12",
+    )
+    rows = check_table("chunking", tmp_path, 4)
+    assert [r["chunk_size"] for r in rows] == ["off", "64", "256", "512"]
+    chunks = [int(r["prefill_chunks"]) for r in rows]
+    assert chunks[0] == 12 and chunks[1] > chunks[2] >= chunks[3] >= 12
+    md = (tmp_path / "chunking.md").read_text()
+    assert "Simulated" in md and "measured profile smollm2-float32" in md
