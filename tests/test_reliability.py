@@ -383,7 +383,10 @@ def test_bad_input_is_refused_before_any_work(
         (("engine.block_size=abc",), "engine.block_size=abc: Value 'abc' of type 'str' could not"),
         (("model=nope",), "model=nope: no such choice; model accepts hf, smollm2, tiny"),
         (("+experiment=nope",), "experiment=nope: no such choice; experiment accepts allocation"),
-        (("scheduler=fifo",), "unknown policy scheduler=fifo; scheduler offers continuous"),
+        (
+            ("scheduler=fifo",),
+            "unknown policy scheduler=fifo; scheduler offers chunked (nanoserve), continuous",
+        ),
         (("-m", "scheduler=static,fifo"), "unknown policy scheduler=fifo"),
         (("-m", "engine.block_size=4,abc"), "engine.block_size=abc: Value 'abc'"),
     ],

@@ -40,6 +40,14 @@ def check_step(
         raise InvariantError(
             f"step ran {batch.num_tokens} tokens > max_num_batched_tokens {max_num_batched_tokens}"
         )
+    # The counts the engine took while packing the batch (`StepBatch.counted`) are its rows'.
+    tokens = sum(len(r.token_ids) for r in batch.rows)
+    prefill = sum(len(r.token_ids) for r in batch.rows if r.in_prefill)
+    if (tokens, prefill) != (batch.num_tokens, batch.prefill_tokens):
+        raise InvariantError(
+            f"the batch says {batch.num_tokens} tokens ({batch.prefill_tokens} prefill); its "
+            f"rows hold {tokens} ({prefill} prefill)"
+        )
     owned = sum(len(s.block_table) for s in running)
     if owned != pool.num_used:
         raise InvariantError(

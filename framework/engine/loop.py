@@ -402,12 +402,9 @@ class Engine:
         """
         preempted, kept, finished = 0, 0, []
         bs = self.pool.block_size
+        grow = self.p.allocator.blocks_to_grow
         while True:
-            need = {
-                s: self.p.allocator.blocks_to_grow(s, bs, s.num_held)
-                for s in self.running
-                if not s.finished
-            }
+            need = {s: grow(s, bs, s.num_held) for s in self.running if not s.finished}
             short = sum(need.values()) - self.pool.num_free
             if short <= 0:
                 break
@@ -573,6 +570,7 @@ class Engine:
         from_device = newest is not None and newest.rows == self.running
         chunks = self._chunks
         rows: list[Row] = []
+        num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
         for i, seq in enumerate(self.running):
             index = len(seq.output_token_ids) + seq.num_held
             if seq.finished:
@@ -594,35 +592,56 @@ class Engine:
                         prefill=False,
                     )
                 )
+                num_tokens += 1
+                decode_rows += 1
+                sampling_rows += 1
                 continue
             start = seq.num_computed
+            table = seq.block_table
             if seq.num_held:
                 if not from_device:
                     raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
                 tokens = [HELD]
+                slots = [table[start // bs] * bs + start % bs]
             else:
                 n = chunks.get(seq)  # None: all it has pending
                 tokens = (
                     seq.tokens_from(start) if n is None else seq.tokens_between(start, start + n)
                 )
-            end = start + len(tokens)
-            slots = self._slots(seq.block_table, start, end)
+                slots = self._slots(table, start, start + len(tokens))
+            q = len(tokens)
+            end = start + q
+            samples = end == seq.total_len
+            prefill = start < seq.prefill_end
             rows.append(
                 Row(
                     seq.id,
                     tokens,
                     start,
                     slots,
-                    seq.block_table,
+                    table,
                     end,
-                    seq.sampling,
+                    seq.spec.sampling,
                     index,
-                    samples=end == seq.total_len,
-                    prefill=start < seq.prefill_end,
+                    samples=samples,
+                    prefill=prefill,
                 )
             )
+            num_tokens += q
+            if prefill:
+                prefill_tokens += q
+            else:
+                decode_rows += 1
+            sampling_rows += samples
         device_inputs = newest.pending.tokens if from_device and newest is not None else None
-        return StepBatch(rows, device_inputs)
+        return StepBatch.counted(
+            rows,
+            device_inputs,
+            num_tokens=num_tokens,
+            prefill_tokens=prefill_tokens,
+            decode_rows=decode_rows,
+            sampling_rows=sampling_rows,
+        )
 
     # ---- output & apply --------------------------------------------------------------
     def _drain(self, n: int) -> list[tuple[Sequence, bool, int, float]]:
