@@ -126,7 +126,16 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
     assert set(groups["preemption"]) == {"priority", "recompute"}
     assert set(groups["output"]) == {"adaptive", "deferred", "immediate"}
     assert set(groups["model"]) == {"hf", "smollm2", "tiny"}
-    assert {"chat", "fixed", "jsonl", "straggler", "synthetic", "trace"} == set(groups["workload"])
+    assert {
+        "chat",
+        "fixed",
+        "jsonl",
+        "multiturn",
+        "shared_prefix",
+        "straggler",
+        "synthetic",
+        "trace",
+    } == set(groups["workload"])
     assert {"batching", "allocation", "deferral", "trace"} <= set(groups["experiment"])
     assert {"basic", "parallel", "slurm", "ray_cluster"} <= set(groups["hydra/launcher"])
     # each choice has its one-line description, from the policy's docstring or the YAML

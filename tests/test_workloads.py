@@ -20,12 +20,13 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.workloads import build_workload, register_workload_configs
 from framework.workloads.chat import load_chat_prompts
 from framework.workloads.text import corpus_text, corpus_token_ids
+from tests.helpers import assert_refused, cli
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -215,6 +216,8 @@ def test_straggler_preset(tokenizer: PreTrainedTokenizerFast) -> None:
         ("synthetic", "synthetic"),
         ("jsonl", "jsonl"),
         ("trace", "trace"),
+        ("shared_prefix", "shared_prefix"),
+        ("multiturn", "multiturn"),
     ],
 )
 def test_every_yaml_composes(name: str, kind: str, tokenizer: PreTrainedTokenizerFast) -> None:
@@ -489,7 +492,8 @@ def test_real_azure_trace(tokenizer: PreTrainedTokenizerFast) -> None:
     [
         (
             {"kind": "batch"},
-            r"workload\.kind must be one of chat, fixed, jsonl, synthetic, trace; got 'batch'",
+            r"workload\.kind must be one of chat, fixed, jsonl, multiturn, shared_prefix, "
+            r"synthetic, trace; got 'batch'",
         ),
         ({"kind": "chat", "max_tokenz": 3}, r"workload\.max_tokenz is not a field .* max_tokens"),
         ({"kind": "chat", "max_tokens": "many"}, r"workload\.max_tokens: Value 'many'"),
@@ -563,3 +567,220 @@ def test_accepts_dataclass_and_dictconfig(tokenizer: PreTrainedTokenizerFast) ->
     assert summary(build_workload(as_dataclass, tokenizer)) == summary(
         build_workload(as_dictconfig, tokenizer)
     )
+
+
+# --- shared_prefix and multiturn (SmolLM2's tokenizer: the vocabulary prefix caching sees) --
+
+
+@pytest.fixture(scope="module")
+def smol() -> PreTrainedTokenizerBase:
+    from framework.executors.model_loader import load_tokenizer
+
+    return load_tokenizer("tiny", None, None)  # SmolLM2's, as model=tiny uses it
+
+
+def shared_prefix(**fields: Any) -> dict[str, Any]:
+    base = {"kind": "shared_prefix", "num_prefixes": 3, "questions_per_prefix": 4}
+    return {**base, "prefix_tokens": 48, "question_tokens": 8, **fields}
+
+
+def multiturn(**fields: Any) -> dict[str, Any]:
+    base = {"kind": "multiturn", "conversations": 3, "turns": 4, "system_tokens": 24}
+    return {**base, "question_tokens": 8, "answer_tokens": 12, **fields}
+
+
+@pytest.fixture
+def own_hydra() -> Iterator[None]:
+    """The CLI initialises Hydra itself, which it refuses to do while this module's
+    `hydra_conf` holds it; set that aside for the test and put it back after."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def by_id(specs: list[RequestSpec]) -> list[RequestSpec]:
+    """The workload's own order (ids r0, r1, ...), undoing `build_workload`'s arrival sort."""
+    return sorted(specs, key=lambda s: int(s.id[1:]))
+
+
+def test_shared_prefix_requests_share_exactly_their_prefix(smol: PreTrainedTokenizerBase) -> None:
+    specs = build_workload(shared_prefix(), smol)
+    assert sorted(s.id for s in specs) == sorted(f"r{i}" for i in range(12))
+    assert {len(s.prompt_token_ids) for s in specs} == {48 + 8}
+    groups: dict[tuple[int, ...], list[RequestSpec]] = {}
+    for s in specs:
+        groups.setdefault(tuple(s.prompt_token_ids[:48]), []).append(s)
+    assert sorted(len(g) for g in groups.values()) == [4, 4, 4]  # 3 prefixes, 4 requests each
+    prefixes = list(groups)
+    # Different prefixes differ from the first token on: no KV block is shared across them.
+    assert len({p[0:16] for p in prefixes}) == 3
+    assert len({tuple(s.prompt_token_ids[48:]) for s in specs}) == 12  # every question differs
+    corpus = corpus_token_ids(smol).tolist()
+    text = " ".join(map(str, corpus + corpus))  # windows wrap around the corpus
+    assert all(" ".join(map(str, p)) in text for p in prefixes)  # windows of the real text
+    assert all(s.arrival == 0.0 and s.sampling.ignore_eos for s in specs)
+    assert all(s.sampling.max_tokens == 32 and s.sampling.seed == int(s.id[1:]) for s in specs)
+
+
+def test_shared_prefix_is_seeded(smol: PreTrainedTokenizerBase) -> None:
+    first, again = build_workload(shared_prefix(), smol), build_workload(shared_prefix(), smol)
+    other = build_workload(shared_prefix(seed=1), smol)
+    assert summary(first) == summary(again)
+    assert [s.prompt_token_ids for s in first] != [s.prompt_token_ids for s in other]
+
+
+def test_shared_prefix_order(smol: PreTrainedTokenizerBase) -> None:
+    grouped = by_id(build_workload(shared_prefix(order="grouped"), smol))
+    interleaved = by_id(build_workload(shared_prefix(), smol))
+    runs = [tuple(s.prompt_token_ids[:48]) for s in grouped]
+    assert [len(list(g)) for _, g in itertools.groupby(runs)] == [4, 4, 4]  # back to back
+    mixed = [tuple(s.prompt_token_ids[:48]) for s in interleaved]
+    assert len([k for k, _ in itertools.groupby(mixed)]) > 3  # the prefixes alternate
+    # Only the order changes: the same prompts, from the same text streams.
+    assert sorted(s.prompt_token_ids for s in grouped) == sorted(
+        s.prompt_token_ids for s in interleaved
+    )
+
+
+def test_shared_prefix_poisson_arrivals(smol: PreTrainedTokenizerBase) -> None:
+    cfg = shared_prefix(num_prefixes=4, questions_per_prefix=50, rate=10.0)
+    specs = build_workload(cfg, smol)
+    arrivals = np.array([s.arrival for s in specs])
+    assert arrivals[0] == 0 and np.all(np.diff(arrivals) > 0)
+    assert [s.id for s in specs] == [f"r{i}" for i in range(200)]  # arrive in workload order
+    assert (len(arrivals) - 1) / arrivals[-1] == pytest.approx(10.0, rel=0.25)
+    assert summary(build_workload(cfg, smol)) == summary(specs)
+    other = build_workload({**cfg, "seed": 1}, smol)
+    assert [s.arrival for s in other] != [s.arrival for s in specs]
+    # The arrival stream is its own: the prompts are those of the same workload at t=0.
+    at_zero = build_workload({**cfg, "rate": None}, smol)
+    assert [s.prompt_token_ids for s in specs] == [s.prompt_token_ids for s in by_id(at_zero)]
+
+
+def test_multiturn_turns_extend_the_previous_prompt(smol: PreTrainedTokenizerBase) -> None:
+    specs = build_workload(multiturn(think_time_s=2.5), smol)
+    assert len(specs) == 12
+    ordered = by_id(specs)
+    for conv in range(3):
+        turns = ordered[conv * 4 : conv * 4 + 4]
+        assert len(turns[0].prompt_token_ids) == 24 + 8
+        for prev, cur in itertools.pairwise(turns):
+            assert cur.prompt_token_ids[: len(prev.prompt_token_ids)] == prev.prompt_token_ids
+            assert len(cur.prompt_token_ids) - len(prev.prompt_token_ids) == 12 + 8
+        assert [t.arrival for t in turns] == [0.0, 2.5, 5.0, 7.5]
+    openings = {tuple(s.prompt_token_ids[:24]) for s in specs}
+    assert len(openings) == 3  # each conversation has its own system opening
+    assert all(s.sampling.ignore_eos and s.sampling.seed == int(s.id[1:]) for s in specs)
+    # Sorted by arrival: every conversation's turn 1 before any turn 2.
+    assert [s.id for s in specs[:3]] == ["r0", "r4", "r8"]
+
+
+def test_multiturn_is_seeded_and_starts_are_poisson(smol: PreTrainedTokenizerBase) -> None:
+    cfg = multiturn(rate=0.5, think_time_s=1.0)
+    first, again = build_workload(cfg, smol), build_workload(cfg, smol)
+    other = build_workload({**cfg, "seed": 1}, smol)
+    assert summary(first) == summary(again)
+    assert [s.prompt_token_ids for s in by_id(first)] != [s.prompt_token_ids for s in by_id(other)]
+    ordered = by_id(first)
+    starts = [ordered[conv * 4].arrival for conv in range(3)]
+    assert starts[0] == 0.0 and starts[1] > 0 and starts != [s.arrival for s in by_id(other)][::4]
+    for conv in range(3):
+        turns = ordered[conv * 4 : conv * 4 + 4]
+        assert [t.arrival - starts[conv] for t in turns] == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert [s.arrival for s in first] == sorted(s.arrival for s in first)
+
+
+@pytest.mark.parametrize("cfg", [shared_prefix(), multiturn(), multiturn(answer_tokens=0)])
+def test_sizes_known_before_loading_match_the_built_requests(
+    cfg: dict[str, Any], smol: PreTrainedTokenizerBase
+) -> None:
+    """The up-front fit check sees exactly the prompt + max_tokens the run will hold."""
+    from framework.workloads import check_workload
+
+    built = by_id(build_workload(cfg, smol))
+    assert check_workload(cfg) == [len(s.prompt_token_ids) + s.sampling.max_tokens for s in built]
+
+
+def test_too_few_distinct_windows_is_refused(smol: PreTrainedTokenizerBase) -> None:
+    size = corpus_token_ids(smol).size
+    with pytest.raises(ValueError, match=r"workload\.question_tokens: found only \d+ distinct"):
+        build_workload(shared_prefix(num_prefixes=1, questions_per_prefix=size + 1), smol)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (shared_prefix(num_prefixes=0), r"workload\.num_prefixes must be >= 1; got 0"),
+        (shared_prefix(questions_per_prefix=0), r"workload\.questions_per_prefix must be >= 1"),
+        (shared_prefix(question_tokens=0), r"workload\.question_tokens must be >= 1; got 0"),
+        (shared_prefix(max_tokens=0), r"workload\.max_tokens must be >= 1; got 0"),
+        (
+            shared_prefix(order="random"),
+            r"workload\.order must be one of interleaved, grouped; got 'random'",
+        ),
+        (shared_prefix(rate=-1), r"workload\.rate must be > 0; got -1"),
+        (multiturn(conversations=0), r"workload\.conversations must be >= 1; got 0"),
+        (multiturn(system_tokens=0), r"workload\.system_tokens must be >= 1; got 0"),
+        (multiturn(answer_tokens=-1), r"workload\.answer_tokens must be >= 0; got -1"),
+        (multiturn(think_time_s=-0.5), r"workload\.think_time_s must be >= 0; got -0.5"),
+        (multiturn(rate=0), r"workload\.rate must be > 0; got 0"),
+        (multiturn(turns="many"), r"workload\.turns: Value 'many'"),
+    ],
+)
+def test_prefix_workload_errors_name_the_field(
+    cfg: dict[str, Any], message: str, smol: PreTrainedTokenizerBase
+) -> None:
+    from framework.workloads import check_workload
+
+    with pytest.raises(ValueError, match=message):
+        check_workload(cfg)  # before any model loads
+    with pytest.raises(ValueError, match=message):
+        build_workload(cfg, smol)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("workload=shared_prefix", "workload.prefix_tokens=0"), "workload.prefix_tokens"),
+        (("workload=shared_prefix", "workload.order=sorted"), "workload.order"),
+        (("workload=multiturn", "workload.turns=0"), "workload.turns"),
+        (("workload=multiturn", "workload.think_time_s=-1"), "workload.think_time_s"),
+    ],
+)
+@pytest.mark.usefixtures("own_hydra")
+def test_prefix_workload_bad_input_is_refused_by_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], field: str
+) -> None:
+    status, _, err = cli(capsys, "model=tiny", *args, f"hydra.run.dir={tmp_path}")
+    assert_refused(status, err, field)
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.usefixtures("own_hydra")
+def test_shared_prefix_runs_end_to_end_on_the_tiny_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = cli(
+        capsys,
+        "model=tiny",
+        "workload=shared_prefix",
+        "workload.num_prefixes=2",
+        "workload.questions_per_prefix=3",
+        "workload.prefix_tokens=32",
+        "workload.question_tokens=8",
+        "workload.max_tokens=4",
+        "observers=[console]",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert status == 0, err[-3000:]
+    outputs = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert {o["id"] for o in outputs} == {f"r{i}" for i in range(6)}
+    assert all(len(o["prompt_token_ids"]) == 40 for o in outputs)
+    assert all(len(o["output_token_ids"]) == 4 for o in outputs)
+    assert len({tuple(o["prompt_token_ids"][:32]) for o in outputs}) == 2

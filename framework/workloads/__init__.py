@@ -1,9 +1,10 @@
 """Workloads: configs in, `list[RequestSpec]` out, sorted by arrival.
 
-A workload is chosen by its `kind` (chat, fixed, jsonl, synthetic, trace); presets such as
-`straggler` are YAML files in `conf/workload/` that reuse a kind's schema. Every builder
-returns requests with ids `r0, r1, ...` in the workload's own order and seeds `seed + i`, and
-`build_workload` then sorts them by arrival (stably, so simultaneous requests keep that order).
+A workload is chosen by its `kind` (chat, fixed, jsonl, multiturn, shared_prefix, synthetic,
+trace); presets such as `straggler` are YAML files in `conf/workload/` that reuse a kind's
+schema. Every builder returns requests with ids `r0, r1, ...` in the workload's own order and
+seeds `seed + i`, and `build_workload` then sorts them by arrival (stably, so simultaneous
+requests keep that order).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from framework.workloads.config import (
     ChatWorkloadConfig,
     FixedWorkloadConfig,
     JsonlWorkloadConfig,
+    MultiturnWorkloadConfig,
+    SharedPrefixWorkloadConfig,
     SyntheticWorkloadConfig,
     TraceWorkloadConfig,
     WorkloadConfig,
@@ -29,6 +32,8 @@ from framework.workloads.config import (
 )
 from framework.workloads.fixed import build_fixed, check_fixed
 from framework.workloads.jsonl import build_jsonl, read_jsonl
+from framework.workloads.multiturn import build_multiturn, multiturn_sizes
+from framework.workloads.shared_prefix import build_shared_prefix, shared_prefix_sizes
 from framework.workloads.synthetic import build_synthetic, synthetic_shape
 from framework.workloads.trace import build_trace, trace_rows, trace_sizes
 
@@ -36,6 +41,8 @@ __all__ = [
     "ChatWorkloadConfig",
     "FixedWorkloadConfig",
     "JsonlWorkloadConfig",
+    "MultiturnWorkloadConfig",
+    "SharedPrefixWorkloadConfig",
     "SyntheticWorkloadConfig",
     "TraceWorkloadConfig",
     "WorkloadConfig",
@@ -48,6 +55,8 @@ _BUILDERS: dict[str, Callable[[Any, PreTrainedTokenizerBase], list[RequestSpec]]
     "chat": build_chat,
     "fixed": build_fixed,
     "jsonl": build_jsonl,
+    "multiturn": build_multiturn,
+    "shared_prefix": build_shared_prefix,
     "synthetic": build_synthetic,
     "trace": build_trace,
 }
@@ -70,8 +79,8 @@ def check_workload(cfg: Any) -> list[int] | None:
     loads: field types and ranges, files, rows and lines (with file and line numbers).
 
     Returns each request's prompt + max_tokens when they are known without tokenizing
-    (fixed, synthetic, trace), so the KV pool can be checked before loading too; None for
-    workloads whose prompts are text (chat, jsonl).
+    (fixed, multiturn, shared_prefix, synthetic, trace), so the KV pool can be checked before
+    loading too; None for workloads whose prompts are text (chat, jsonl).
     """
     typed = as_config(cfg)
     check_sampling(typed)
@@ -82,6 +91,10 @@ def check_workload(cfg: Any) -> list[int] | None:
         return [p + o for p, o in zip(typed.prompt_lens, typed.output_lens, strict=True)]
     elif isinstance(typed, JsonlWorkloadConfig):
         read_jsonl(typed)
+    elif isinstance(typed, MultiturnWorkloadConfig):
+        return multiturn_sizes(typed)
+    elif isinstance(typed, SharedPrefixWorkloadConfig):
+        return shared_prefix_sizes(typed)
     elif isinstance(typed, SyntheticWorkloadConfig):
         prompt_lens, output_lens, _ = synthetic_shape(typed)
         return (prompt_lens + output_lens).tolist()

@@ -113,10 +113,59 @@ class TraceWorkloadConfig(WorkloadConfig):
     max_output_tokens: int | None = None
 
 
+@dataclass
+class SharedPrefixWorkloadConfig(WorkloadConfig):
+    """N system prompts x M questions: what prefix caching is for.
+
+    Request prompts are a prefix's ids followed by a question's ids, so the requests of one
+    prefix share exactly their first `prefix_tokens` ids. Prefixes and questions are windows
+    of the corpus at distinct seeded offsets. `order`: `interleaved` is a seeded shuffle of all
+    N*M requests (a cache must hold every prefix at once), `grouped` sends each prefix's
+    questions back to back (the easy case). `rate`: Poisson arrivals in requests/s in that
+    order, the first at t=0; None sends everyone at t=0.
+    """
+
+    kind: str = "shared_prefix"
+    num_prefixes: int = 4
+    questions_per_prefix: int = 8
+    prefix_tokens: int = 256
+    question_tokens: int = 32
+    max_tokens: int = 32
+    ignore_eos: bool = True
+    order: str = "interleaved"
+    rate: float | None = None
+
+
+@dataclass
+class MultiturnWorkloadConfig(WorkloadConfig):
+    """C conversations of T turns, each turn's prompt extending the previous turn's whole prompt.
+
+    Turn 1 is system + question_1; turn k is turn k-1's prompt + answer_{k-1} + question_k.
+    The workload is built before the run, so answer_{k-1} is a seeded corpus window of
+    `answer_tokens` tokens standing in for the model's answer, not the answer itself.
+    Conversations start at Poisson times (`rate`, starts/s, the first at t=0; None: all at 0)
+    and turn k arrives `(k-1) * think_time_s` after its conversation starts (open loop: it does
+    not wait for turn k-1 to finish).
+    """
+
+    kind: str = "multiturn"
+    conversations: int = 4
+    turns: int = 4
+    system_tokens: int = 64
+    question_tokens: int = 32
+    answer_tokens: int = 32
+    max_tokens: int = 32
+    ignore_eos: bool = True
+    rate: float | None = None  # conversation starts per second
+    think_time_s: float = 1.0
+
+
 SCHEMAS: dict[str, type[WorkloadConfig]] = {
     "chat": ChatWorkloadConfig,
     "fixed": FixedWorkloadConfig,
     "jsonl": JsonlWorkloadConfig,
+    "multiturn": MultiturnWorkloadConfig,
+    "shared_prefix": SharedPrefixWorkloadConfig,
     "synthetic": SyntheticWorkloadConfig,
     "trace": TraceWorkloadConfig,
 }
