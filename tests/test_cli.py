@@ -122,7 +122,7 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
     assert "_schema" not in text  # config-store entries are not choices
     groups = choice_groups(text)
     assert set(groups["scheduler"]) == {"chunked", "continuous", "priority", "sjf", "static"}
-    assert set(groups["allocator"]) == {"incremental", "worst_case"}
+    assert set(groups["allocator"]) == {"incremental", "prefix_cache", "worst_case"}
     assert set(groups["preemption"]) == {"priority", "recompute"}
     assert set(groups["output"]) == {"adaptive", "deferred", "immediate"}
     assert set(groups["model"]) == {"hf", "smollm2", "tiny"}

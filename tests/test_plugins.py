@@ -185,7 +185,7 @@ def test_builtins_register_through_entry_points_with_their_distribution() -> Non
     assert reg.load_errors == []
     expected = {
         "scheduler": {"continuous", "static", "priority", "sjf", "chunked"},
-        "allocator": {"incremental", "worst_case"},
+        "allocator": {"incremental", "worst_case", "prefix_cache"},
         "preemption": {"recompute", "priority"},
         "output": {"immediate"},
     }

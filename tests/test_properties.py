@@ -40,7 +40,7 @@ SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
 # Chunked prefill: one token, an odd size, one (default) block, and the step budget only.
 CHUNK_SIZES = ("1", "7", "16", "null")
 # Incremental twice as often: it is the allocator that runs dry mid-flight and preempts.
-ALLOCATORS = ("worst_case", "incremental", "incremental")
+ALLOCATORS = ("worst_case", "incremental", "incremental", "prefix_cache")
 PREEMPTIONS = (
     ("preemption=recompute", "preemption.victim=newest"),
     ("preemption=recompute", "preemption.victim=oldest"),

@@ -35,7 +35,7 @@ from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
 
 SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
-ALLOCATORS = ("worst_case", "incremental", "incremental")
+ALLOCATORS = ("worst_case", "incremental", "incremental", "prefix_cache")
 PREEMPTIONS = ("newest", "oldest", "most_blocks")
 # Counts that depend on nothing but the schedule: equal between the real and the simulated run.
 SAME = [k for k in COUNT_KEYS if k != "window"] + ["requests_finished"]

@@ -146,3 +146,26 @@ def test_chunked_prefill_matches_hf_generate_over_the_budget(smollm2, chat, over
         check_same_greedy(
             model, seq.spec.prompt_token_ids, f"{over} {seq.id}", seq.output_token_ids, refs[seq.id]
         )
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        ("engine.max_num_seqs=2",),
+        ("engine.max_num_seqs=4", "engine.num_blocks=14", "output=deferred", "window=4"),
+        ("engine.max_num_seqs=3", "scheduler=chunked", "scheduler.chunk_size=16"),
+    ],
+    ids=["two_rows", "tight_deferred4", "chunked16"],
+)
+def test_prefix_cache_matches_hf_generate(smollm2, chat, over) -> None:
+    """The chat prompts share their template's system turn: with the cache on, later
+    requests reuse its blocks, and every answer is still HF `generate`'s."""
+    model, tok = smollm2
+    specs, refs = chat
+    res = run_engine(make_cfg("model=smollm2", "allocator=prefix_cache", *over), model, tok, specs)
+    s = summarize(res)
+    assert s["requests_finished"] == 8 and s["prefix_hit_tokens"] > 0
+    for seq in res.seqs:
+        check_same_greedy(
+            model, seq.spec.prompt_token_ids, f"{over} {seq.id}", seq.output_token_ids, refs[seq.id]
+        )

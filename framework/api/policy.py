@@ -9,7 +9,8 @@ KV block, moves a request between queues, or appends a token: it names what shou
 Four groups, one policy of each per run:
 - Scheduler: which finished rows leave the batch (`evict`), who is admitted (`admit`), and
   optionally how much of a prefill each forward computes (`chunk`: chunked prefill).
-- Allocator: how many blocks a sequence needs at admission and before each step.
+- Allocator: how many blocks a sequence needs at admission and before each step, and
+  optionally whether the pool caches shared prefixes (`caches_prefixes`).
 - Preemption: which running rows give up their blocks when the pool is dry.
 - OutputPolicy: how long sampled tokens stay on the device before they are read back.
 
@@ -206,6 +207,13 @@ class Scheduler(ABC):
 
 class Allocator(ABC):
     """Prices blocks. The engine does the allocating; this says how many."""
+
+    # Optional (API 1 addition): True asks the engine for a prefix-caching pool
+    # (`framework/engine/prefix_cache.py`): full blocks are published under chained hashes
+    # once written, and an admitted sequence shares the cached blocks its prompt starts with.
+    # The engine then charges `blocks_to_admit` less the hits on blocks another table holds,
+    # and starts the row's forward after its cached blocks (`allocator=prefix_cache`).
+    caches_prefixes: bool = False
 
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg

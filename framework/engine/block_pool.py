@@ -65,6 +65,16 @@ class BlockPool:
                 held.setdefault(o, []).append(b)
         return held
 
+    def check_tables(self, tables: dict[str, list[int]]) -> None:
+        """The running rows' block tables are exactly what the pool says is held: here each
+        block has one owner, so the tables' blocks are the used ones."""
+        owned = sum(len(t) for t in tables.values())
+        if owned != self.num_used:
+            raise BlockPoolError(
+                f"running rows hold {owned} blocks but the pool has {self.num_used} in use "
+                "(a leak, or blocks held by a sequence that is not running)"
+            )
+
     def check(self) -> None:
         """Free list and ownership agree: every block is exactly one of free or owned."""
         free = set(self._free)

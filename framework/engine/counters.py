@@ -64,4 +64,11 @@ class Counters:
     held_tokens: int = 0  # of those, still on the device
     overshoot_tokens: int = 0  # arrived after their request's stop token: waste of the window
     abandoned_tokens: int = 0  # their request was preempted while they were in flight
-    expected_overshoot: float = 0.0  # the model: (k + 1) / 2 rows per stop-finished request
+    expected_overshoot: float = 0.0
+    # Prefix caching (allocator=prefix_cache): prompt tokens looked up at first admission,
+    # and of those found cached; at a re-admission after a preemption, the cached tokens
+    # found apart (they are recomputation saved, not prefix sharing); blocks evicted.
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_recompute_hit_tokens: int = 0
+    prefix_evictions: int = 0  # the model: (k + 1) / 2 rows per stop-finished request

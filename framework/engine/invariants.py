@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from framework.engine.block_pool import BlockPool
+from framework.engine.block_pool import BlockPool, BlockPoolError
 from framework.engine.counters import Counters
 from framework.engine.sequence import Sequence, Status
 
@@ -48,12 +48,10 @@ def check_step(
             f"the batch says {batch.num_tokens} tokens ({batch.prefill_tokens} prefill); its "
             f"rows hold {tokens} ({prefill} prefill)"
         )
-    owned = sum(len(s.block_table) for s in running)
-    if owned != pool.num_used:
-        raise InvariantError(
-            f"running rows hold {owned} blocks but the pool has {pool.num_used} in use "
-            "(a leak, or blocks held by a sequence that is not running)"
-        )
+    try:  # per pool kind: one owner a block, or reference counts (prefix caching)
+        pool.check_tables({s.id: s.block_table for s in running})
+    except BlockPoolError as exc:
+        raise InvariantError(str(exc)) from exc
     c = counters
     if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.abandoned_tokens + c.held_tokens:
         raise InvariantError(

@@ -34,6 +34,7 @@ from framework.engine.costs import CostModel
 from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import Executor
 from framework.engine.invariants import InvariantError, check_end, check_step
+from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.readback import Pending, Readback
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
@@ -140,6 +141,8 @@ class Engine:
         # This step's chunk of each row that does not compute all it has pending (chunked
         # prefill, `Scheduler.chunk`); set when admissions are chosen, read by `_build`.
         self._chunks: dict[Sequence, int] = {}
+        # Prefix caching: the pool shares published blocks (`allocator=prefix_cache`).
+        self.cache = pool if isinstance(pool, PrefixCachingPool) else None
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
@@ -271,6 +274,8 @@ class Engine:
                 row_seq.num_computed = row.start_pos + len(row.token_ids)
                 if row.samples:  # a chunk short of the end samples nothing
                     row_seq.num_held += 1
+        if self.cache is not None:
+            self._publish()
         self.counters.token_slots += batch.sampling_rows
         self.counters.prefill_tokens += batch.prefill_tokens
         self.counters.prefill_chunks += len(batch.rows) - batch.decode_rows
@@ -354,7 +359,7 @@ class Engine:
             num_blocks=self.pool.num_blocks,
             max_num_seqs=self.limits.max_num_seqs,
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
-            blocks_to_admit=lambda s: self.p.allocator.blocks_to_admit(s, self.pool.block_size),
+            blocks_to_admit=self._price,
             last_step=self.steps[-1] if self.steps else None,
             chunk_rule=chunk_rule,
             planned_tokens=planned_tokens,
@@ -451,6 +456,7 @@ class Engine:
         self.running.remove(seq)
         self.pool.free(seq.id, seq.block_table)
         seq.block_table = []
+        seq.prefix_published = 0
         self.counters.preemptions += 1
         self.counters.recomputed_tokens += seq.num_computed
         seq.num_computed = 0
@@ -474,7 +480,7 @@ class Engine:
             if n != seq.step_tokens:
                 chunks[seq] = n
             tokens += n
-            blocks += self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
+            blocks += self._price(seq)
         lim = self.limits
         if rows > lim.max_num_seqs:
             raise self._fail(
@@ -493,6 +499,37 @@ class Engine:
             )
         self._chunks = chunks
         return admit
+
+    def _hits(self, seq: Sequence) -> list[int]:
+        """The cached blocks holding `seq`'s leading full blocks (none without a prefix
+        cache). At most (tokens - 1) // block_size: the last token is always computed, so
+        the row samples from its own forward and never writes into a shared block."""
+        if self.cache is None:
+            return []
+        bs = self.pool.block_size
+        return self.cache.match(seq.tokens_from(0), (seq.num_tokens - 1) // bs)
+
+    def _price(self, seq: Sequence) -> int:
+        """Free blocks admitting `seq` takes: the allocator's price, less the cached blocks
+        it shares that another table holds already (those cost nothing; an evictable cached
+        block costs one, like a fresh one)."""
+        n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
+        if self.cache is None:
+            return n
+        return n - self.cache.in_use(self._hits(seq))
+
+    def _publish(self) -> None:
+        """Full blocks whose K/V this step wrote, and whose tokens the host knows (not the
+        held ones), become reusable: published under their chained hash."""
+        assert self.cache is not None
+        bs = self.pool.block_size
+        for seq in self.running:
+            known = min(seq.num_computed, seq.num_tokens)
+            if known // bs > seq.prefix_published:
+                seq.prefix_published = self.cache.publish(
+                    seq.id, seq.block_table, seq.tokens_between(0, known), seq.prefix_published
+                )
+        self.counters.prefix_evictions = self.cache.evictions
 
     def _chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
         """The scheduler's chunk of `seq`'s pending tokens, checked."""
@@ -531,8 +568,21 @@ class Engine:
         for seq in admit:
             self.waiting.remove(seq)
             n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
-            seq.block_table = self.pool.allocate(seq.id, n)
-            if n * self.pool.block_size < seq.num_tokens:
+            hits = self._hits(seq)
+            if self.cache is not None:
+                self.cache.share(seq.id, hits)
+            seq.block_table = hits + self.pool.allocate(seq.id, max(0, n - len(hits)))
+            if hits:  # its forward starts after the cached blocks, reading them
+                seq.num_computed = len(hits) * self.pool.block_size
+            seq.prefix_published = len(hits)
+            if self.cache is not None:
+                cached = seq.num_computed
+                if seq.preemptions:
+                    self.counters.prefix_recompute_hit_tokens += cached
+                else:
+                    self.counters.prefix_query_tokens += seq.prompt_len
+                    self.counters.prefix_hit_tokens += cached
+            if max(n, len(seq.block_table)) * self.pool.block_size < seq.num_tokens:
                 raise self._fail(
                     "allocator", f"gave {seq.id} {n} blocks for {seq.num_tokens} tokens"
                 )

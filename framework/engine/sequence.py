@@ -33,6 +33,7 @@ class Sequence:
     # recompute what was generated before the preemption); a chunked prefill is part way
     # while num_computed is below it.
     prefill_end: int = 0
+    prefix_published: int = 0  # leading blocks of its table published (prefix caching)
     finish_reason: str | None = None
     reject_reason: str | None = None
     preemptions: int = 0

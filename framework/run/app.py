@@ -17,6 +17,7 @@ from framework.engine.block_pool import BlockPool
 from framework.engine.clock import WallClock
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, Limits, Policies, RunResult
+from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.request import RequestSpec
 from framework.executors.hf import HFExecutor
 from framework.executors.model_loader import (
@@ -119,7 +120,12 @@ def build_engine(
             f"engine.kv_memory_mb={e.kv_memory_mb} holds no block of {per_block} bytes; "
             f"raise it or set engine.num_blocks"
         )
-    pool = BlockPool(num_blocks, e.block_size)
+    if getattr(policies.allocator, "caches_prefixes", False):  # allocator=prefix_cache
+        # The salt keeps two models' or dtypes' K/V apart, should one pool ever serve both.
+        salt = f"{cfg.model.source}:{cfg.model.get('path')}:{dtype}"
+        pool: BlockPool = PrefixCachingPool(num_blocks, e.block_size, salt)
+    else:
+        pool = BlockPool(num_blocks, e.block_size)
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
     if is_simulated(cfg):  # no KV tensors: the scratch block is only a number

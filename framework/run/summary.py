@@ -52,6 +52,15 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "tokens_kept": counters.tokens_kept,
         "prefill_tokens": counters.prefill_tokens,
         "prefill_chunks": counters.prefill_chunks,
+        "prefix_query_tokens": counters.prefix_query_tokens,
+        "prefix_hit_tokens": counters.prefix_hit_tokens,
+        "prefix_hit_rate": (
+            counters.prefix_hit_tokens / counters.prefix_query_tokens
+            if counters.prefix_query_tokens
+            else 0.0
+        ),
+        "prefix_recompute_hit_tokens": counters.prefix_recompute_hit_tokens,
+        "prefix_evictions": counters.prefix_evictions,
         "waste_fraction": (slots - counters.tokens_kept) / slots if slots else 0.0,
         "occupancy": counters.tokens_kept / (max_num_seqs * n_steps) if n_steps else 0.0,
         "mean_rows": sum(st.rows for st in steps) / n_steps if n_steps else 0.0,
@@ -108,6 +117,11 @@ COUNT_KEYS = (
     "tokens_kept",
     "prefill_tokens",
     "prefill_chunks",
+    "prefix_query_tokens",
+    "prefix_hit_tokens",
+    "prefix_hit_rate",
+    "prefix_recompute_hit_tokens",
+    "prefix_evictions",
     "waste_fraction",
     "occupancy",
     "mean_rows",

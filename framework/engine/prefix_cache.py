@@ -1,0 +1,225 @@
+"""A block pool that reuses the KV of shared prompt prefixes (vLLM's automatic prefix caching).
+
+A full block whose K/V has been written is published under a chained hash: the parent
+block's hash, the block's token ids and a salt (the model and dtype), through BLAKE2b-128, so
+a block's hash names its whole prefix. A later request whose prompt starts with the same
+full blocks shares them instead of computing them again: each block has a reference count,
+one per block table that holds it, and the tokens are compared on every hit as well, so even
+a hash collision cannot hand a request another prefix's keys.
+
+A block whose count falls to zero keeps its hash and joins an LRU list of evictable blocks;
+it is evicted (its hash dropped) only when the pool needs a block and none is free. A
+sequence's blocks join that list tail first, so the end of a prompt is evicted before its
+head, and the shared head, which the next request most likely wants, stays longest.
+
+The pool's accounting: free + cached-and-evictable + in use = `num_blocks`. `num_free`, what
+the engine and the policies see, counts the free and the evictable blocks together: both
+can be handed out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from framework.engine.block_pool import BlockPool, BlockPoolError
+
+
+def block_hash(parent: bytes, tokens: Sequence[int], salt: bytes) -> bytes:
+    """The chained hash of one full block: its parent's hash, its token ids, the salt."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(salt)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+class PrefixCachingPool(BlockPool):
+    """`BlockPool` with shared, reference-counted blocks and an LRU of cached free ones."""
+
+    def __init__(self, num_blocks: int, block_size: int, salt: str = "") -> None:
+        super().__init__(num_blocks, block_size)
+        self.salt = salt.encode()
+        self._owners: list[list[str]] = [[] for _ in range(num_blocks)]
+        self._hash: list[bytes | None] = [None] * num_blocks  # published blocks only
+        # Every held block's chain hash once its tokens are known, published or not (a
+        # block whose prefix another block already publishes stays private, but its
+        # children's hashes still chain through it).
+        self._chain: list[bytes | None] = [None] * num_blocks
+        self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._by_hash: dict[bytes, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # evictable, oldest first
+        self.evictions = 0
+
+    # ---- counts --------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out: free, or cached and evictable."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks some block table holds (reference count above zero)."""
+        return self.num_blocks - len(self._free) - len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        """Published blocks no table holds: evictable, and reusable until evicted."""
+        return len(self._lru)
+
+    def refcount(self, block: int) -> int:
+        return len(self._owners[block])
+
+    # ---- lookup and sharing --------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_blocks: int) -> list[int]:
+        """The cached blocks holding `tokens`' leading full blocks, at most `max_blocks`:
+        a chain of hits from the first block, stopping at the first miss."""
+        bs = self.block_size
+        parent = b""
+        hits: list[int] = []
+        for i in range(min(max_blocks, len(tokens) // bs)):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            h = block_hash(parent, chunk, self.salt)
+            b = self._by_hash.get(h)
+            if b is None or self._tokens[b] != chunk:
+                break
+            hits.append(b)
+            parent = h
+        return hits
+
+    def in_use(self, blocks: Sequence[int]) -> int:
+        """How many of `blocks` some table holds now (sharing them takes no free block)."""
+        return sum(1 for b in blocks if self._owners[b])
+
+    def share(self, owner: str, blocks: Sequence[int]) -> None:
+        """`owner`'s table takes these cached blocks too: their counts go up, and an
+        evictable one leaves the LRU list."""
+        for b in blocks:
+            if self._hash[b] is None:
+                raise BlockPoolError(f"{owner} shared block {b}, which holds no published prefix")
+            if owner in self._owners[b]:
+                raise BlockPoolError(f"{owner} shared block {b} twice")
+            if not self._owners[b]:
+                del self._lru[b]
+            self._owners[b].append(owner)
+        self.peak_used = max(self.peak_used, self.num_used)
+
+    def publish(self, owner: str, table: Sequence[int], tokens: Sequence[int], start: int) -> int:
+        """Publish `owner`'s full blocks from block `start` on whose K/V is written: the
+        caller passes the tokens of the written positions only. Returns how many of the
+        table's blocks are now published or were already (the next call's `start`). A block
+        whose prefix another block already publishes stays private."""
+        bs = self.block_size
+        full = len(tokens) // bs
+        parent = b""
+        if start > 0:
+            got = self._chain[table[start - 1]]
+            if got is None:
+                raise BlockPoolError(f"{owner}'s block {table[start - 1]} has no chain hash")
+            parent = got
+        for i in range(start, full):
+            b = table[i]
+            if owner not in self._owners[b]:
+                raise BlockPoolError(f"{owner} published block {b}, which it does not hold")
+            h = self._chain[b]
+            if h is None:
+                chunk = tuple(tokens[i * bs : (i + 1) * bs])
+                h = block_hash(parent, chunk, self.salt)
+                self._chain[b] = h
+                if h not in self._by_hash:
+                    self._by_hash[h] = b
+                    self._hash[b] = h
+                    self._tokens[b] = chunk
+            parent = h
+        return max(start, full)
+
+    # ---- allocation ----------------------------------------------------------------------
+    def allocate(self, owner: str, n: int) -> list[int]:
+        if n > self.num_free:
+            raise BlockPoolError(f"{owner} asked for {n} blocks, only {self.num_free} free")
+        blocks = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.popleft()
+            else:  # the least recently freed cached block, its prefix forgotten
+                b, _ = self._lru.popitem(last=False)
+                self._forget(b)
+                self.evictions += 1
+            if self._owners[b]:
+                raise BlockPoolError(
+                    f"block {b} given to {owner} is still held by {self._owners[b]}"
+                )
+            self._owners[b].append(owner)
+            blocks.append(b)
+        self.peak_used = max(self.peak_used, self.num_used)
+        return blocks
+
+    def free(self, owner: str, blocks: list[int]) -> None:
+        """`owner` lets go of its table: tail first, so that its tail is evicted first."""
+        for b in reversed(blocks):
+            if owner not in self._owners[b]:
+                raise BlockPoolError(f"{owner} freed block {b}, held by {self._owners[b]}")
+            self._owners[b].remove(owner)
+            if self._owners[b]:
+                continue
+            if self._hash[b] is not None:
+                self._lru[b] = None  # newest at the end; evicted from the front
+            else:
+                self._chain[b] = None
+                self._free.append(b)
+
+    def _forget(self, b: int) -> None:
+        h = self._hash[b]
+        if h is not None and self._by_hash.get(h) == b:
+            del self._by_hash[h]
+        self._hash[b] = None
+        self._chain[b] = None
+        self._tokens[b] = None
+
+    # ---- inspection ----------------------------------------------------------------------
+    def owners(self) -> dict[str, list[int]]:
+        held: dict[str, list[int]] = {}
+        for b, names in enumerate(self._owners):
+            for o in names:
+                held.setdefault(o, []).append(b)
+        return held
+
+    def check(self) -> None:
+        """Every block exactly one of free, cached-and-evictable, or held; held blocks not in
+        the LRU list; every published hash names its block; free blocks hold no hash."""
+        free, lru = set(self._free), set(self._lru)
+        if len(free) != len(self._free):
+            raise BlockPoolError("a block appears twice in the free list")
+        for b in range(self.num_blocks):
+            held = bool(self._owners[b])
+            kinds = int(b in free) + int(b in lru) + int(held)
+            if kinds != 1:
+                raise BlockPoolError(
+                    f"block {b}: free {b in free}, cached {b in lru}, held by {self._owners[b]}"
+                )
+            if b in free and (self._hash[b] is not None or self._chain[b] is not None):
+                raise BlockPoolError(f"free block {b} still publishes a prefix")
+            if b in lru and self._hash[b] is None:
+                raise BlockPoolError(f"cached block {b} has no hash")
+            if len(set(self._owners[b])) != len(self._owners[b]):
+                raise BlockPoolError(f"block {b} held twice by one table: {self._owners[b]}")
+        for h, b in self._by_hash.items():
+            if self._hash[b] != h or self._chain[b] != h:
+                raise BlockPoolError(f"hash of block {b} does not name it")
+
+    def check_tables(self, tables: dict[str, list[int]]) -> None:
+        """Each block's reference count equals the number of block tables holding it."""
+        count = [0] * self.num_blocks
+        for owner, table in tables.items():
+            for b in table:
+                count[b] += 1
+                if owner not in self._owners[b]:
+                    raise BlockPoolError(
+                        f"{owner}'s table has block {b}, held by {self._owners[b]}"
+                    )
+        for b in range(self.num_blocks):
+            if count[b] != len(self._owners[b]):
+                raise BlockPoolError(
+                    f"block {b}: reference count {len(self._owners[b])}, in {count[b]} tables"
+                )

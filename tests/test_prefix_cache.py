@@ -1,0 +1,180 @@
+"""Prefix caching (`allocator=prefix_cache`, `framework/engine/prefix_cache.py`): the pool's
+books (reference counts, the LRU of cached free blocks, tail-first eviction, hits compared
+token by token), and the engine's use of it: greedy output identical with the cache on and
+off (and to HF `generate`), under FCFS and chunked prefill, with preemption and deferred
+output, with fewer prefill tokens computed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import framework.engine.prefix_cache as prefix_cache
+from framework.engine.block_pool import BlockPoolError
+from framework.engine.prefix_cache import PrefixCachingPool
+from framework.run.summary import summarize
+from framework.workloads import build_workload
+from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
+
+BS = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def published(pool: PrefixCachingPool, owner: str, tokens: list[int]) -> list[int]:
+    """`owner` takes blocks for `tokens`, and publishes the full ones (as after a forward)."""
+    table = pool.allocate(owner, -(-len(tokens) // BS))
+    pool.publish(owner, table, tokens, 0)
+    return table
+
+
+# ---- the pool's books ----------------------------------------------------------------------
+
+
+def test_a_hit_shares_blocks_and_counts_references() -> None:
+    pool = PrefixCachingPool(8, BS)
+    a = published(pool, "a", list(range(10)))  # 2 full blocks published, 1 partial
+    hits = pool.match([*range(9), 99], max_blocks=2)
+    assert hits == a[:2]
+    assert pool.match([0, 1, 2, 7, 4, 5, 6, 7], 2) == []  # the first block differs: no chain
+    pool.share("b", hits)
+    assert [pool.refcount(b) for b in a] == [2, 2, 1]
+    assert pool.num_used == 3 and pool.num_free == 5
+    pool.check_tables({"a": a, "b": hits})
+    with pytest.raises(BlockPoolError, match="reference count 2, in 1 tables"):
+        pool.check_tables({"a": a})
+    pool.free("a", a)  # b still holds the two shared blocks; a's partial block is free again
+    assert pool.num_used == 2 and pool.num_cached == 0 and pool.num_free == 6
+    pool.free("b", hits)
+    assert pool.num_used == 0 and pool.num_cached == 2 and pool.num_free == 8
+    pool.check()
+
+
+def test_cached_blocks_are_evicted_lru_the_tail_of_a_prompt_first() -> None:
+    pool = PrefixCachingPool(4, BS)
+    a = published(pool, "a", list(range(16)))  # four full blocks
+    pool.free("a", a)
+    assert pool.num_cached == 4 and pool.num_free == 4
+    (got,) = pool.allocate("b", 1)  # nothing free: the oldest cached block, the tail
+    assert got == a[3] and pool.evictions == 1
+    assert pool.match(list(range(16)), 4) == a[:3]  # the head still hits
+    pool.check()
+
+
+def test_a_hash_collision_does_not_hand_over_another_prefix(monkeypatch: Any) -> None:
+    """Every hit compares the block's tokens, so even a hash that collides on everything
+    cannot make one prompt read another's keys."""
+    monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens, salt: b"same")
+    pool = PrefixCachingPool(4, BS)
+    published(pool, "a", [1, 2, 3, 4])
+    assert pool.match([5, 6, 7, 8], 1) == []
+    assert pool.match([1, 2, 3, 4, 9], 1) != []
+
+
+def test_a_duplicate_block_stays_private_and_its_children_still_chain() -> None:
+    """Two requests computed the same prefix in one step: one block publishes it, the other
+    stays private, and the private one's next block is hashed through it correctly."""
+    pool = PrefixCachingPool(8, BS)
+    first = published(pool, "a", [1, 2, 3, 4])
+    second = published(pool, "b", [1, 2, 3, 4, 5, 6, 7, 8])
+    assert pool.match([1, 2, 3, 4, 5, 6, 7, 8, 0], 2) == [first[0], second[1]]
+    assert pool.match([5, 6, 7, 8], 1) == []  # b's second block is not a first block
+    pool.free("b", second)
+    # a still holds the published first block; b's duplicate went back to the free list and
+    # b's second block, published, is cached.
+    assert pool.num_used == 1 and pool.num_cached == 1 and pool.num_free == 7
+    pool.check()
+
+
+def test_the_salt_keeps_models_apart() -> None:
+    pool = PrefixCachingPool(4, BS, salt="model-a:float32")
+    other = PrefixCachingPool(4, BS, salt="model-b:float32")
+    published(pool, "a", [1, 2, 3, 4])
+    published(other, "a", [1, 2, 3, 4])
+    assert pool._hash[0] != other._hash[0]
+
+
+# ---- in the engine -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared(tiny: Any) -> tuple[list[Any], dict[str, list[int]]]:
+    model, tok = tiny
+    wl = {
+        "kind": "shared_prefix",
+        "num_prefixes": 2,
+        "questions_per_prefix": 4,
+        "prefix_tokens": 40,
+        "question_tokens": 7,
+        "max_tokens": 6,
+        "seed": 3,
+    }
+    specs = build_workload(wl, tok)
+    refs = {s.id: hf_greedy(model, s.prompt_token_ids, 6, None) for s in specs}
+    return specs, refs
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        ("engine.max_num_seqs=1",),  # each request after the first of its prefix hits
+        ("engine.max_num_seqs=3", "output=deferred", "window=4"),
+        ("engine.max_num_seqs=2", "engine.num_blocks=16"),  # evicts and preempts
+        ("engine.max_num_seqs=2", "scheduler=chunked", "scheduler.chunk_size=5"),
+        ("engine.max_num_seqs=4", "engine.num_blocks=20", "output=deferred", "window=2"),
+    ],
+    ids=["one_row", "deferred4", "tight_pool", "chunked5", "tight_deferred2"],
+)
+def test_greedy_output_is_the_same_with_the_cache_on_and_off(
+    tiny: Any, shared: Any, over: tuple[str, ...]
+) -> None:
+    model, tok = tiny
+    specs, refs = shared
+    runs = {}
+    for alloc in ("incremental", "prefix_cache"):
+        cfg = make_cfg("model=tiny", f"engine.block_size={BS}", f"allocator={alloc}", *over)
+        res = run_engine(cfg, model, tok, specs)  # invariant checks on: refcounts every step
+        runs[alloc] = (res, summarize(res))
+        for seq in res.seqs:
+            check_same_greedy(
+                model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, refs[seq.id]
+            )
+    (_, s_off), (_, s_on) = runs["incremental"], runs["prefix_cache"]
+    prompts = sum(len(s.prompt_token_ids) for s in specs)
+    assert s_on["prefix_query_tokens"] == prompts and s_off["prefix_query_tokens"] == 0
+    assert s_on["prefix_hit_tokens"] > 0 and 0 < s_on["prefix_hit_rate"] < 1
+    assert s_on["prefix_hit_tokens"] % BS == 0  # whole blocks only
+    assert s_on["prefill_tokens"] < s_off["prefill_tokens"]
+    if not s_on["preemptions"]:  # each prompt token either computed or found cached
+        assert s_on["prefill_tokens"] + s_on["prefix_hit_tokens"] == prompts
+    if "engine.num_blocks=16" in over:
+        assert s_on["prefix_evictions"] > 0
+
+
+def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
+    """The same prompt twice, one row at a time: the second finds all but its last block's
+    worth cached, and computes at least its last token."""
+    model, tok = tiny
+    prompt = list(range(100, 116))  # 16 tokens: four full blocks
+    from framework.engine.request import RequestSpec, SamplingParams
+
+    specs = [
+        RequestSpec(f"r{i}", prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        for i in range(2)
+    ]
+    cfg = make_cfg(
+        "model=tiny", f"engine.block_size={BS}", "allocator=prefix_cache", "engine.max_num_seqs=1"
+    )
+    res = run_engine(cfg, model, tok, specs)
+    s = summarize(res)
+    assert s["prefix_hit_tokens"] == 12  # 3 of 4 blocks: (16 - 1) // 4
+    assert res.seqs[0].output_token_ids == res.seqs[1].output_token_ids
