@@ -328,6 +328,33 @@ STUDIES: dict[str, Study] = {
         "{ttft_slo_s} s and TPOT <= {tpot_slo_s} s; goodput_rps: those requests per second "
         "of makespan.",
     ),
+    "prefix": Study(
+        title="Prefix caching and cache-aware scheduling on a shared-prefix workload",
+        labels=[("allocator", _field("allocator.name")), ("scheduler", _field("scheduler.name"))],
+        columns=[
+            *metrics(
+                "requests_finished",
+                "steps",
+                "prefix_hit_rate",
+                "prefix_hit_tokens",
+                "prefill_tokens",
+            ),
+            *metrics(
+                "prefix_evictions",
+                "preemptions",
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "e2e_p50_s",
+                "output_tokens_per_s",
+                "makespan_s",
+            ),
+        ],
+        plot=["prefix_hit_rate", "prefill_tokens", "ttft_p50_s", "output_tokens_per_s"],
+        note="prefix_hit_rate: prompt tokens found cached at admission / prompt tokens; "
+        "prefix_hit_tokens: prefill tokens saved (found cached, not computed); evictions: "
+        "cached blocks dropped for room; lpm: longest cached prefix first, aged, FCFS past "
+        "scheduler.max_queue.",
+    ),
 }
 
 

@@ -6,6 +6,7 @@ output, with fewer prefill tokens computed."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,3 +179,78 @@ def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
     s = summarize(res)
     assert s["prefix_hit_tokens"] == 12  # 3 of 4 blocks: (16 - 1) // 4
     assert res.seqs[0].output_token_ids == res.seqs[1].output_token_ids
+
+
+# ---- scheduler=lpm -------------------------------------------------------------------------
+
+
+def lpm(**over: Any) -> Any:
+    from plugins.schedulers.lpm import LPMConfig, LPMScheduler
+
+    return LPMScheduler(LPMConfig(name="lpm", **over))
+
+
+def lpm_view(cached: dict[str, int], now: float = 0.0, arrivals: dict[str, float] | None = None):  # type: ignore[no-untyped-def]
+    from tests.test_plugins import make_seq, make_view
+
+    arrivals = arrivals or {}
+    waiting = tuple(make_seq(r, arrival=arrivals.get(r, 0.0)) for r in cached)
+    view = make_view(waiting=waiting, now=now, max_num_seqs=2)
+    return dataclasses.replace(view, cached=lambda s: cached[s.id])
+
+
+def test_lpm_admits_the_longest_cached_prefix_first() -> None:
+    view = lpm_view({"cold": 0, "warm": 32, "warmest": 64})
+    assert [s.id for s in lpm(aging_tokens_per_s=0.0).admit(view)] == ["warmest", "warm"]
+
+
+def test_lpm_ages_waiting_requests_so_cold_ones_do_not_starve() -> None:
+    # cold waited 2 s: at 64 tokens/s it ranks as 128 cached tokens, ahead of both.
+    view = lpm_view(
+        {"cold": 0, "warm": 32, "warmest": 64}, now=2.0, arrivals={"warm": 2.0, "warmest": 2.0}
+    )
+    assert [s.id for s in lpm().admit(view)] == ["cold", "warmest"]
+    assert [s.id for s in lpm(aging_tokens_per_s=0.0).admit(view)] == ["warmest", "warm"]
+
+
+def test_lpm_falls_back_to_fcfs_past_its_queue_limit() -> None:
+    view = lpm_view({"cold": 0, "warm": 32, "warmest": 64})
+    assert [s.id for s in lpm(max_queue=2).admit(view)] == ["cold", "warm"]
+
+
+def test_lpm_options_are_checked(capsys: Any) -> None:
+    from tests.helpers import assert_refused, cli
+
+    status, _, err = cli(capsys, "model=tiny", "scheduler=lpm", "scheduler.max_queue=-1")
+    assert_refused(status, err, "scheduler.max_queue must be >= 0, got -1")
+
+
+def test_lpm_with_the_cache_hits_more_and_serves_the_same_tokens(tiny: Any, shared: Any) -> None:
+    """Interleaved prefixes through a pool too small to keep them all: FCFS evicts a prefix
+    before its next question comes, lpm runs each prefix's questions while it is cached."""
+    model, tok = tiny
+    specs, refs = shared
+    got = {}
+    for sched in ("continuous", "lpm"):
+        cfg = make_cfg(
+            "model=tiny",
+            f"engine.block_size={BS}",
+            "allocator=prefix_cache",
+            f"scheduler={sched}",
+            "engine.max_num_seqs=2",
+            "engine.num_blocks=16",
+        )
+        res = run_engine(cfg, model, tok, specs)
+        got[sched] = summarize(res)
+        for seq in res.seqs:
+            check_same_greedy(
+                model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, refs[seq.id]
+            )
+    assert got["lpm"]["prefix_hit_rate"] > got["continuous"]["prefix_hit_rate"]
+    assert got["lpm"]["prefill_tokens"] < got["continuous"]["prefill_tokens"]
+
+
+def test_without_a_cache_the_view_reports_nothing_cached() -> None:
+    from tests.test_plugins import make_seq, make_view
+
+    assert make_view().cached_tokens(make_seq("r0")) == 0

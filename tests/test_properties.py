@@ -36,7 +36,7 @@ from framework.run.app import build_engine
 from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, make_cfg
 
-SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
+SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked", "lpm")
 # Chunked prefill: one token, an odd size, one (default) block, and the step budget only.
 CHUNK_SIZES = ("1", "7", "16", "null")
 # Incremental twice as often: it is the allocator that runs dry mid-flight and preempts.

@@ -34,7 +34,7 @@ from framework.run.app import build_engine
 from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
 
-SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked")
+SCHEDULERS = ("static", "continuous", "priority", "sjf", "chunked", "lpm")
 ALLOCATORS = ("worst_case", "incremental", "incremental", "prefix_cache")
 PREEMPTIONS = ("newest", "oldest", "most_blocks")
 # Counts that depend on nothing but the schedule: equal between the real and the simulated run.

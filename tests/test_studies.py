@@ -30,6 +30,7 @@ SHRINK = {
     "allocation": [],
     "deferral": ["workload.limit=3", "workload.max_tokens=6", "window=0,2"],
     "chunking": [],
+    "prefix": [],
     "trace": [
         "workload.limit=4",
         "workload.max_prompt_tokens=32",
@@ -161,3 +162,26 @@ def test_chunking_study_on_the_simulated_executor(tmp_path: Path, uri: str) -> N
     assert chunks[0] == 12 and chunks[1] > chunks[2] >= chunks[3] >= 12
     md = (tmp_path / "chunking.md").read_text()
     assert "Simulated" in md and "measured profile smollm2-float32" in md
+
+
+def test_prefix_study_on_the_simulated_executor(tmp_path: Path, uri: str) -> None:
+    run_study(
+        "prefix",
+        tmp_path,
+        uri,
+        "observers=[console]",
+        "executor=simulated",
+        "executor.profile=smollm2-float32-amd-epyc-zen4",
+        "executor.any_profile=true",
+        "workload.num_prefixes=2",
+        "workload.questions_per_prefix=4",
+        "workload.prefix_tokens=64",
+        "engine.num_blocks=12",
+    )
+    rows = check_table("prefix", tmp_path, 4)
+    by = {(r["allocator"], r["scheduler"]): r for r in rows}
+    assert float(by["incremental", "continuous"]["prefix_hit_rate"]) == 0
+    assert float(by["prefix_cache", "lpm"]["prefix_hit_rate"]) > 0
+    assert int(by["prefix_cache", "lpm"]["prefill_tokens"]) < int(
+        by["incremental", "lpm"]["prefill_tokens"]
+    )

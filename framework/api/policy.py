@@ -34,7 +34,8 @@ What a policy may read
     `block_size`, `num_blocks`; the budgets `max_num_seqs` and `max_num_batched_tokens`;
     `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens
     (their chosen chunks, in the admission view); `tokens_for(seq, budget)`, what the
-    scheduler's `chunk` would give a sequence.
+    scheduler's `chunk` would give a sequence; `cached_tokens(seq)`, how much of it the
+    prefix cache holds.
     Each `Sequence`, read-only: `id`, `priority` (lower is more urgent), `arrival`,
     `sampling` (`max_tokens`, temperature, ...), `spec` (the `RequestSpec`, prompt included),
     the lengths `prompt_len`, `num_tokens`, `num_computed`, `step_tokens`, `remaining`,
@@ -143,6 +144,15 @@ class EngineView:
     chunk_rule: Callable[[Sequence, int], int] | None = None
     # the running rows' tokens in the next forward once their chunks are chosen (admission).
     planned_tokens: int | None = None
+    # the prefix cache's lookup, `cached(seq)` -> tokens of seq found cached (None: no cache).
+    cached: Callable[[Sequence], int] | None = None
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """How many of `seq`'s leading tokens the prefix cache holds now (whole blocks, at
+        most its length minus one); 0 without a prefix cache. A cache-aware scheduler's
+        signal (`scheduler=lpm`). Each call hashes the prompt's blocks: cheap for a few,
+        not for every request of a long queue."""
+        return 0 if self.cached is None else self.cached(seq)
 
     def step_tokens(self) -> int:
         """Tokens the running rows will put in the next forward: in the admission view,

@@ -363,6 +363,7 @@ class Engine:
             last_step=self.steps[-1] if self.steps else None,
             chunk_rule=chunk_rule,
             planned_tokens=planned_tokens,
+            cached=None if self.cache is None else self._cached_tokens,
         )
         return view
 
@@ -508,6 +509,9 @@ class Engine:
             return []
         bs = self.pool.block_size
         return self.cache.match(seq.tokens_from(0), (seq.num_tokens - 1) // bs)
+
+    def _cached_tokens(self, seq: Sequence) -> int:
+        return len(self._hits(seq)) * self.pool.block_size
 
     def _price(self, seq: Sequence) -> int:
         """Free blocks admitting `seq` takes: the allocator's price, less the cached blocks
