@@ -254,3 +254,48 @@ def test_without_a_cache_the_view_reports_nothing_cached() -> None:
     from tests.test_plugins import make_seq, make_view
 
     assert make_view().cached_tokens(make_seq("r0")) == 0
+
+
+# ---- an allocator that declines: the watermark ---------------------------------------------
+
+
+def test_a_watermark_keeps_blocks_free_and_the_engine_enforces_a_decline(tiny: Any) -> None:
+    """allocator.watermark (vLLM's): admission keeps a share of the pool free. With it, the
+    tight pool preempts less; a scheduler that admits past the allocator's veto is stopped."""
+    from framework.api import PolicyError
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
+
+    model, tok = tiny
+    wl = {"kind": "fixed", "prompt_lens": [8] * 6, "output_lens": [24] * 6, "seed": 0}
+    specs = build_workload(wl, tok)
+    base = ("model=tiny", f"engine.block_size={BS}", "engine.num_blocks=24")
+    plain = summarize(run_engine(make_cfg(*base), model, tok, specs))
+    kept = summarize(run_engine(make_cfg(*base, "allocator.watermark=0.7"), model, tok, specs))
+    assert plain["preemptions"] == 3 and kept["preemptions"] == 0  # at 0.7, 17 blocks kept free
+
+    from plugins.schedulers.continuous import ContinuousScheduler
+
+    class AdmitsAll(ContinuousScheduler):
+        """Ignores the allocator's veto: as many as there are rows."""
+
+        def admit(self, view):  # type: ignore[no-untyped-def]
+            return list(view.waiting)[: view.max_num_seqs]
+
+    engine = build_engine(
+        make_cfg(*base, "allocator.watermark=0.5"),
+        model,
+        torch.device("cpu"),
+        torch.float32,
+        registry().pm.hook,
+    )
+    engine.p.scheduler = AdmitsAll(engine.p.scheduler.cfg)
+    with pytest.raises(PolicyError, match="which the allocator declines"):
+        engine.run(specs, tok.eos_token_id)
+
+
+def test_the_watermark_is_checked(capsys: Any) -> None:
+    from tests.helpers import assert_refused, cli
+
+    status, _, err = cli(capsys, "model=tiny", "allocator.watermark=1.5")
+    assert_refused(status, err, "allocator.watermark must be in [0, 1), got 1.5")

@@ -60,6 +60,7 @@ def admit_in_order(
             need_tokens < 1
             or tokens + need_tokens > view.max_num_batched_tokens
             or need_blocks > free
+            or not view.allocator_admits(seq, free)
         ):
             break
         admitted.append(seq)

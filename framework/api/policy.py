@@ -52,6 +52,8 @@ What a policy returns, and what the engine checks
       Admitting nothing while the engine is idle and requests wait is an error too.
     - `Scheduler.chunk` (optional): 1..`seq.step_tokens` tokens, the step within
       `max_num_batched_tokens` (chunked prefill; see the method).
+    - `Allocator.admits` (optional): a scheduler must not admit what the allocator declines
+      (`admit_in_order` asks it; the engine checks).
     - `Allocator.blocks_to_admit` / `blocks_to_grow`: at least enough blocks for the tokens
       the sequence will have in its cache.
     - `Preemption.victims`: unfinished running rows, at least one while the pool is short.
@@ -146,6 +148,13 @@ class EngineView:
     planned_tokens: int | None = None
     # the prefix cache's lookup, `cached(seq)` -> tokens of seq found cached (None: no cache).
     cached: Callable[[Sequence], int] | None = None
+    # the allocator's veto, `admits(seq, free_blocks)` (None: every admission that fits).
+    admits: Callable[[Sequence, int], bool] | None = None
+
+    def allocator_admits(self, seq: Sequence, free_blocks: int) -> bool:
+        """Whether the allocator lets `seq` in with `free_blocks` left after this step's
+        earlier admissions (`Allocator.admits`: a watermark, say). `admit_in_order` asks."""
+        return True if self.admits is None else self.admits(seq, free_blocks)
 
     def cached_tokens(self, seq: Sequence) -> int:
         """How many of `seq`'s leading tokens the prefix cache holds now (whole blocks, at
@@ -224,6 +233,14 @@ class Allocator(ABC):
     # The engine then charges `blocks_to_admit` less the hits on blocks another table holds,
     # and starts the row's forward after its cached blocks (`allocator=prefix_cache`).
     caches_prefixes: bool = False
+
+    def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
+        """Optional (API 1 addition): may `seq` be admitted now, with `free_blocks` free
+        after this step's earlier admissions and `view.blocks_to_admit(seq)` its price? An
+        allocator declines here what pricing alone cannot say, such as vLLM's watermark
+        (keep a share of the pool free for the running rows' growth, so that admitting does
+        not trigger preemption at the next step). Default: every admission that fits."""
+        return True
 
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg

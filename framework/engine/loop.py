@@ -364,6 +364,7 @@ class Engine:
             chunk_rule=chunk_rule,
             planned_tokens=planned_tokens,
             cached=None if self.cache is None else self._cached_tokens,
+            admits=lambda s, free: self.p.allocator.admits(view, s, free),
         )
         return view
 
@@ -481,6 +482,8 @@ class Engine:
             if n != seq.step_tokens:
                 chunks[seq] = n
             tokens += n
+            if not self.p.allocator.admits(view, seq, self.pool.num_free - blocks):
+                raise self._fail("scheduler", f"admitted {seq.id}, which the allocator declines")
             blocks += self._price(seq)
         lim = self.limits
         if rows > lim.max_num_seqs:

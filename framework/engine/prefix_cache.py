@@ -50,6 +50,7 @@ class PrefixCachingPool(BlockPool):
         self._tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self._by_hash: dict[bytes, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # evictable, oldest first
+        self._refs = 0  # references held, over all blocks: the per-step check's total
         self.evictions = 0
 
     # ---- counts --------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class PrefixCachingPool(BlockPool):
             if not self._owners[b]:
                 del self._lru[b]
             self._owners[b].append(owner)
+            self._refs += 1
         self.peak_used = max(self.peak_used, self.num_used)
 
     def publish(self, owner: str, table: Sequence[int], tokens: Sequence[int], start: int) -> int:
@@ -151,6 +153,7 @@ class PrefixCachingPool(BlockPool):
                     f"block {b} given to {owner} is still held by {self._owners[b]}"
                 )
             self._owners[b].append(owner)
+            self._refs += 1
             blocks.append(b)
         self.peak_used = max(self.peak_used, self.num_used)
         return blocks
@@ -161,6 +164,7 @@ class PrefixCachingPool(BlockPool):
             if owner not in self._owners[b]:
                 raise BlockPoolError(f"{owner} freed block {b}, held by {self._owners[b]}")
             self._owners[b].remove(owner)
+            self._refs -= 1
             if self._owners[b]:
                 continue
             if self._hash[b] is not None:
@@ -209,17 +213,32 @@ class PrefixCachingPool(BlockPool):
                 raise BlockPoolError(f"hash of block {b} does not name it")
 
     def check_tables(self, tables: dict[str, list[int]]) -> None:
-        """Each block's reference count equals the number of block tables holding it."""
-        count = [0] * self.num_blocks
+        """Each block's reference count equals the number of block tables holding it, no
+        held block is in the LRU list, and free + cached + in use = the pool. In O(table
+        entries), not O(pool): it runs every step, and a simulated pool may hold many
+        thousands of blocks."""
+        count: dict[int, int] = {}
         for owner, table in tables.items():
             for b in table:
-                count[b] += 1
+                count[b] = count.get(b, 0) + 1
                 if owner not in self._owners[b]:
-                    raise BlockPoolError(
-                        f"{owner}'s table has block {b}, held by {self._owners[b]}"
-                    )
-        for b in range(self.num_blocks):
-            if count[b] != len(self._owners[b]):
+                    held = self._owners[b]
+                    raise BlockPoolError(f"{owner}'s table has block {b}, held by {held}")
+                if b in self._lru:
+                    raise BlockPoolError(f"block {b} is held by {owner} and in the LRU list")
+        for b, n in count.items():
+            if n != len(self._owners[b]):
                 raise BlockPoolError(
-                    f"block {b}: reference count {len(self._owners[b])}, in {count[b]} tables"
+                    f"block {b}: reference count {len(self._owners[b])}, in {n} tables"
                 )
+        total = sum(count.values())
+        if total != self._refs:  # a reference that no running table holds: a leak
+            raise BlockPoolError(
+                f"running rows hold {total} block references but the pool counts {self._refs} "
+                "(a leak, or blocks held by a sequence that is not running)"
+            )
+        if len(self._free) + len(self._lru) + len(count) != self.num_blocks:
+            raise BlockPoolError(
+                f"free {len(self._free)} + cached {len(self._lru)} + in use {len(count)} != "
+                f"the pool's {self.num_blocks} blocks"
+            )

@@ -4,18 +4,31 @@ requests into the pool; pays with preemption when the pool runs dry mid-flight."
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from framework.api import Allocator, PolicyConfig, Sequence, hookimpl
+from framework.api import Allocator, EngineView, PolicyConfig, Sequence, hookimpl
 
 
 @dataclass
 class IncrementalConfig(PolicyConfig):
-    pass
+    # The share of the pool admission keeps free for the running rows' growth (vLLM's
+    # watermark, 0.01 there): a request is admitted only if that many blocks stay free.
+    watermark: float = 0.0
 
 
 class IncrementalAllocator(Allocator):
     """Paged blocks as tokens arrive (vLLM's PagedAttention); preempts when the pool runs dry."""
+
+    def __init__(self, cfg: IncrementalConfig) -> None:
+        super().__init__(cfg)
+        if not 0.0 <= cfg.watermark < 1.0:
+            raise ValueError(f"allocator.watermark must be in [0, 1), got {cfg.watermark}")
+        self.watermark = cfg.watermark
+
+    def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
+        keep = math.ceil(self.watermark * view.num_blocks)
+        return free_blocks - view.blocks_to_admit(seq) >= keep
 
     def blocks_to_admit(self, seq: Sequence, block_size: int) -> int:
         return -(-seq.num_tokens // block_size)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.api import PolicyConfig, hookimpl
-from plugins.allocators.incremental import IncrementalAllocator
+from framework.api import hookimpl
+from plugins.allocators.incremental import IncrementalAllocator, IncrementalConfig
 
 
 @dataclass
-class PrefixCacheConfig(PolicyConfig):
+class PrefixCacheConfig(IncrementalConfig):  # its watermark too
     pass
 
 
