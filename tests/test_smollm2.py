@@ -154,8 +154,9 @@ def test_chunked_prefill_matches_hf_generate_over_the_budget(smollm2, chat, over
         ("engine.max_num_seqs=2",),
         ("engine.max_num_seqs=4", "engine.num_blocks=14", "output=deferred", "window=4"),
         ("engine.max_num_seqs=3", "scheduler=chunked", "scheduler.chunk_size=16"),
+        ("engine.max_num_seqs=2", "scheduler=lpm", "engine.num_blocks=14"),
     ],
-    ids=["two_rows", "tight_deferred4", "chunked16"],
+    ids=["two_rows", "tight_deferred4", "chunked16", "lpm_tight"],
 )
 def test_prefix_cache_matches_hf_generate(smollm2, chat, over) -> None:
     """The chat prompts share their template's system turn: with the cache on, later
