@@ -299,3 +299,74 @@ def test_the_watermark_is_checked(capsys: Any) -> None:
 
     status, _, err = cli(capsys, "model=tiny", "allocator.watermark=1.5")
     assert_refused(status, err, "allocator.watermark must be in [0, 1), got 1.5")
+
+
+# ---- an eviction order of one's own --------------------------------------------------------
+
+
+def test_an_allocator_chooses_its_own_eviction_order() -> None:
+    """The pool asks `choose` which cached block goes; here the shallowest (a prompt's head
+    first, the opposite of the default), and a choice that is not cached is refused."""
+    from framework.api import CachedBlock
+
+    seen: list[list[CachedBlock]] = []
+
+    def head_first(cached: list[CachedBlock]) -> int:
+        seen.append(cached)
+        return min(cached, key=lambda c: c.depth).block
+
+    pool = PrefixCachingPool(4, BS, choose=head_first)
+    a = published(pool, "a", list(range(16)))
+    pool.free("a", a)
+    (got,) = pool.allocate("b", 1)
+    assert got == a[0] and pool.evictions == 1
+    assert [c.depth for c in seen[0]] == [3, 2, 1, 0]  # least recently freed first: the tail
+    assert pool.match(list(range(16)), 4) == []  # the head is gone, so nothing chains
+    pool.check()
+    bad = PrefixCachingPool(2, BS, choose=lambda cached: 99)
+    pool_a = published(bad, "a", list(range(8)))
+    bad.free("a", pool_a)
+    with pytest.raises(BlockPoolError, match="chose block 99"):
+        bad.allocate("b", 1)
+
+
+def test_an_allocators_eviction_order_runs_in_the_engine(tiny: Any, shared: Any) -> None:
+    """A third-party allocator with `choose_eviction` (most recently freed first): the pool
+    uses it, and the answers are the same tokens."""
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
+    from plugins.allocators.prefix_cache import PrefixCacheAllocator
+
+    model, tok = tiny
+    specs, refs = shared
+    calls = []
+
+    class MostRecentFirst(PrefixCacheAllocator):
+        def choose_eviction(self, cached):  # type: ignore[no-untyped-def]
+            calls.append(len(cached))
+            return max(cached, key=lambda c: c.freed).block
+
+    import framework.run.app as app
+
+    cfg = make_cfg(
+        "model=tiny", f"engine.block_size={BS}", "allocator=prefix_cache",
+        "engine.max_num_seqs=2", "engine.num_blocks=16",
+    )  # fmt: skip
+    original = app.build_policies
+
+    def with_ours(c):  # type: ignore[no-untyped-def]
+        p = original(c)
+        p.allocator = MostRecentFirst(p.allocator.cfg)
+        return p
+
+    app.build_policies = with_ours
+    try:
+        engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
+    finally:
+        app.build_policies = original
+    res = engine.run(specs, tok.eos_token_id)
+    assert calls and summarize(res)["prefix_evictions"] == len(calls)
+    for seq in res.seqs:
+        check_same_greedy(
+            model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, refs[seq.id]
+        )

@@ -29,6 +29,7 @@ from framework.api.policy import (
     Scheduler,
 )
 from framework.engine.counters import PHASES, StepStats
+from framework.engine.prefix_cache import CachedBlock
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.engine.sequence import Sequence, Status
 
@@ -37,6 +38,7 @@ __all__ = [
     "PHASES",
     "PROJECT",
     "Allocator",
+    "CachedBlock",
     "EngineView",
     "OrderKey",
     "OutputPolicy",

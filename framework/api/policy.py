@@ -234,6 +234,13 @@ class Allocator(ABC):
     # and starts the row's forward after its cached blocks (`allocator=prefix_cache`).
     caches_prefixes: bool = False
 
+    # Optional (API 1 addition), with `caches_prefixes`: an eviction order of one's own,
+    # `choose_eviction(cached) -> block`, given the evictable cached blocks (each a
+    # `CachedBlock`: block, depth in its prefix, hits, when freed; least recently freed
+    # first) whenever the pool needs one. None: least recently freed first, in O(1); a
+    # policy's order costs O(cached blocks) per eviction.
+    choose_eviction: Callable[[list[Any]], int] | None = None
+
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
         """Optional (API 1 addition): may `seq` be admitted now, with `free_blocks` free
         after this step's earlier admissions and `view.blocks_to_admit(seq)` its price? An

@@ -22,7 +22,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from framework.engine.block_pool import BlockPool, BlockPoolError
 
@@ -35,12 +36,37 @@ def block_hash(parent: bytes, tokens: Sequence[int], salt: bytes) -> bytes:
     return h.digest()
 
 
-class PrefixCachingPool(BlockPool):
-    """`BlockPool` with shared, reference-counted blocks and an LRU of cached free ones."""
+@dataclass(frozen=True)
+class CachedBlock:
+    """A cached, evictable block as an eviction order sees it (`Allocator.choose_eviction`)."""
 
-    def __init__(self, num_blocks: int, block_size: int, salt: str = "") -> None:
+    block: int
+    depth: int  # its place in its prefix: 0 is a prompt's first block
+    hits: int  # admissions that shared it since it was published
+    freed: int  # when it became evictable, as a count of frees (larger is more recent)
+
+
+class PrefixCachingPool(BlockPool):
+    """`BlockPool` with shared, reference-counted blocks and an LRU of cached free ones.
+
+    `choose`, when given, is an eviction order of a policy's own: called with the evictable
+    blocks (least recently freed first) whenever one must go, it returns the block to evict.
+    Without it, the least recently freed goes, in O(1)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        salt: str = "",
+        choose: Callable[[list[CachedBlock]], int] | None = None,
+    ) -> None:
         super().__init__(num_blocks, block_size)
         self.salt = salt.encode()
+        self.choose = choose
+        self._depth = [0] * num_blocks
+        self._hits = [0] * num_blocks
+        self._freed_at = [0] * num_blocks
+        self._frees = 0
         self._owners: list[list[str]] = [[] for _ in range(num_blocks)]
         self._hash: list[bytes | None] = [None] * num_blocks  # published blocks only
         # Every held block's chain hash once its tokens are known, published or not (a
@@ -105,6 +131,7 @@ class PrefixCachingPool(BlockPool):
                 del self._lru[b]
             self._owners[b].append(owner)
             self._refs += 1
+            self._hits[b] += 1
         self.peak_used = max(self.peak_used, self.num_used)
 
     def publish(self, owner: str, table: Sequence[int], tokens: Sequence[int], start: int) -> int:
@@ -133,6 +160,7 @@ class PrefixCachingPool(BlockPool):
                     self._by_hash[h] = b
                     self._hash[b] = h
                     self._tokens[b] = chunk
+                    self._depth[b], self._hits[b] = i, 0
             parent = h
         return max(start, full)
 
@@ -144,8 +172,8 @@ class PrefixCachingPool(BlockPool):
         for _ in range(n):
             if self._free:
                 b = self._free.popleft()
-            else:  # the least recently freed cached block, its prefix forgotten
-                b, _ = self._lru.popitem(last=False)
+            else:  # a cached block, its prefix forgotten: the least recently freed, or the
+                b = self._victim()  # eviction order's choice
                 self._forget(b)
                 self.evictions += 1
             if self._owners[b]:
@@ -169,9 +197,27 @@ class PrefixCachingPool(BlockPool):
                 continue
             if self._hash[b] is not None:
                 self._lru[b] = None  # newest at the end; evicted from the front
+                self._frees += 1
+                self._freed_at[b] = self._frees
             else:
                 self._chain[b] = None
                 self._free.append(b)
+
+    def _victim(self) -> int:
+        """The cached block to evict, taken off the LRU list."""
+        if self.choose is None:
+            b, _ = self._lru.popitem(last=False)
+            return b
+        cached = [
+            CachedBlock(b, self._depth[b], self._hits[b], self._freed_at[b]) for b in self._lru
+        ]
+        b = self.choose(cached)
+        if b not in self._lru:
+            raise BlockPoolError(
+                f"the eviction order chose block {b!r}, which is not a cached evictable block"
+            )
+        del self._lru[b]
+        return b
 
     def _forget(self, b: int) -> None:
         h = self._hash[b]

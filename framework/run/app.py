@@ -123,7 +123,8 @@ def build_engine(
     if getattr(policies.allocator, "caches_prefixes", False):  # allocator=prefix_cache
         # The salt keeps two models' or dtypes' K/V apart, should one pool ever serve both.
         salt = f"{cfg.model.source}:{cfg.model.get('path')}:{dtype}"
-        pool: BlockPool = PrefixCachingPool(num_blocks, e.block_size, salt)
+        choose = getattr(policies.allocator, "choose_eviction", None)  # its own order, if any
+        pool: BlockPool = PrefixCachingPool(num_blocks, e.block_size, salt, choose)
     else:
         pool = BlockPool(num_blocks, e.block_size)
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
