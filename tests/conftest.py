@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +31,17 @@ def tiny() -> tuple[Any, Any]:
     """(model, tokenizer): a random 2-layer Llama with SmolLM2's tokenizer."""
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return load_model("tiny", None, None, torch.float32, torch.device("cpu"), TinySpec())
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """For a module of tiny-model runs (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    its matrices are too small to split, so one thread is as fast, and it avoids the collapse
+    of spinning thread pools when other jobs share the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,13 +24,7 @@ from tests.helpers import assert_refused, check_same_greedy, cli, hf_greedy, mak
 CHUNKS = ("1", "7", "16", "null")  # one token, an odd size, one block, the budget only
 LENGTHS = [(45, 6), (3, 12), (30, 4), (61, 8), (9, 10), (17, 5)]  # (prompt, max_tokens)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_specs(vocab: int, lengths: list[tuple[int, int]], **sampling: Any) -> list[RequestSpec]:

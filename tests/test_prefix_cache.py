@@ -7,7 +7,6 @@ output, with fewer prefill tokens computed."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,7 @@ from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
 BS = 4
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def published(pool: PrefixCachingPool, owner: str, tokens: list[int]) -> list[int]:

@@ -21,7 +21,6 @@ draws token i of a request from (seed, i) alone, so it too is policy independent
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,15 +48,7 @@ PREEMPTIONS = (
 )
 REFERENCE = ("scheduler=static", "allocator=worst_case", "output=immediate")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """The tiny model's matrices are too small to split: one thread is as fast, and it
-    avoids the collapse of spinning thread pools when other jobs share the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.cache

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ PREEMPTIONS = ("newest", "oldest", "most_blocks")
 # Counts that depend on nothing but the schedule: equal between the real and the simulated run.
 SAME = [k for k in COUNT_KEYS if k != "window"] + ["requests_finished"]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @dataclass
 class LinearCost:
@@ -53,14 +54,6 @@ class LinearCost:
         return StepCost(
             forward_s=1e-3 + 2e-5 * f.linear_tokens + 1e-8 * f.decode_ctx, sample_s=1e-4
         )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache
