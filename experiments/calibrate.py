@@ -32,7 +32,6 @@ import argparse
 import csv
 import os
 import re
-import resource
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments.benchmark import DEFAULT_TRACE, NullHooks, compose_cfg
 from experiments.benchmark import fit as fit_lengths
+from experiments.machine_probe import cpu_seconds
 from framework.engine.counters import HOST_PHASES, StepStats
 from framework.engine.readback import Readback
 from framework.executors.packed_linear import PACKED
@@ -250,19 +250,6 @@ class Recorder:
     def close(self) -> None:
         for h in getattr(self, "_hooks", []):
             h.remove()
-
-
-def cpu_seconds() -> tuple[float, float]:
-    """(all CPUs' busy seconds from /proc/stat, this process's CPU seconds)."""
-    busy = 0.0
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        pass
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    return busy, own.ru_utime + own.ru_stime
 
 
 def others_share(window_s: float = 0.5) -> float:

@@ -23,9 +23,12 @@ embedding unless it is tied to the output head (a lookup reads one row of it).
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +60,21 @@ class Probe:
     paged_b8_s: float | None
     dense_b8_s: float | None  # dense attention, the engine's Linear layers
     stock_b8_s: float | None  # plain Hugging Face: dense attention, PyTorch's stock Linear
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(all CPUs' busy seconds from /proc/stat, this process's CPU seconds); zeros where
+    /proc is not there (then no run is ever seen as disturbed). Two readings give the share
+    of the CPUs that other processes took between them (calibrate.py, sim_check.py)."""
+    busy = 0.0
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return busy, own.ru_utime + own.ru_stime
 
 
 def _sync(device: torch.device) -> None:

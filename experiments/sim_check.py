@@ -57,7 +57,6 @@ import dataclasses
 import math
 import os
 import re
-import resource
 import statistics
 import sys
 import time
@@ -78,6 +77,7 @@ from experiments.benchmark import (
     open_loop,
     straggler_specs,
 )
+from experiments.machine_probe import cpu_seconds
 from framework.engine.counters import HOST_PHASES
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
@@ -297,20 +297,6 @@ def serve_sim(
     recorder = FeatureRecorder(engine.executor)
     engine.executor = recorder
     return engine.run(specs, setup.ctx.tok.eos_token_id), recorder.features
-
-
-def cpu_seconds() -> tuple[float, float]:
-    """(all CPUs' busy seconds from /proc/stat, this process's CPU seconds); zeros where
-    /proc is not there (then no run is ever seen as disturbed)."""
-    busy = 0.0
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    return busy, own.ru_utime + own.ru_stime
 
 
 def others_share(before: tuple[float, float], after: tuple[float, float], wall: float) -> float:

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from experiments.window_sweep import compose_cfg
 from framework.run.app import build_engine, load
-from framework.run.config import register_configs
 from framework.run.summary import summarize
 from framework.tracking.tables import markdown_table, write_csv
 from framework.tracking.tags import environment_tags
@@ -68,12 +67,6 @@ class StepTimer:
 
     def on_request_finished(self, request: Any) -> None:
         pass
-
-
-def compose_cfg(overrides: list[str]) -> Any:
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return compose(config_name="config", overrides=overrides)
 
 
 def buckets(timer: StepTimer, n: int = 8) -> list[dict[str, Any]]:

@@ -33,13 +33,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from experiments.window_sweep import compose_cfg
 from framework.engine.counters import StepStats
 from framework.engine.loop import RunResult
 from framework.run.app import build_engine, load
-from framework.run.config import register_configs
 from framework.run.summary import summarize
 from framework.workloads import build_workload
 
@@ -94,12 +93,6 @@ class Probe:
 
     def on_request_finished(self, request: Any) -> None:
         pass
-
-
-def compose_cfg(overrides: list[str]) -> Any:
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return compose(config_name="config", overrides=overrides)
 
 
 def buckets(steps: list[StepStats], n: int) -> list[dict[str, Any]]:
