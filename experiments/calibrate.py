@@ -54,12 +54,12 @@ from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import MeasuredProfile, Sample, fit_host
 from framework.run.app import build_engine, check_before_loading, load, resolve_device
+from framework.tracking.machine import cpu_info
 from framework.tracking.tags import environment_tags
 from framework.workloads import build_workload
 from framework.workloads.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
 # Forward terms, by the code path the steps take; NNLS drops (zeroes) what does not help.
 # Measured on SmolLM2 fp32 on the reference CPU, two passes of the grid, fitted terms
 # against held-out runs (per step MAPE / mean run error / worst run error):
@@ -86,7 +86,8 @@ CPU_PACKED_TERMS = (
     "padded",
     "has_prefill",
 )
-# Unpacked (bf16, or packed_linears=false): no buckets, so the real token count.
+# Unpacked (stock linears: chosen on this machine, or packed_linears=false): no buckets, so
+# the real token count.
 # Decode attention there gathers every decode row's blocks padded to the longest context.
 CPU_TERMS = (
     *(t.replace("linear_tokens", "num_tokens") for t in CPU_PACKED_TERMS if t != "padded"),
@@ -431,48 +432,6 @@ def host_seconds(stats: StepStats, readback_s: float) -> float:
 
 
 # ---- where it ran -------------------------------------------------------------------------
-def cpu_info() -> dict[str, Any]:
-    """The CPU as lscpu names it, its family/model numbers and the ISA flags that decide
-    which kernels run (AVX2, AVX-512, native bf16, AMX)."""
-    flags: set[str] = set()
-    family = model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "flags" and not flags:
-                flags = set(value.split())
-            elif key == "cpu family" and family is None:
-                family = int(value)
-            elif key == "model" and model is None:
-                model = int(value)
-    except (OSError, ValueError):
-        pass
-    name = environment_tags()["machine.cpu"]  # lscpu's "Model name", as runs are tagged
-    return {
-        "cpu": name,
-        "family": family,
-        "model_number": model,
-        "microarchitecture": microarchitecture(name, family, model),
-        "cores": os.cpu_count(),
-        "isa": {f: f in flags for f in ISA},
-    }
-
-
-def microarchitecture(name: str, family: int | None, model: int | None) -> str | None:
-    """AMD's Zen generation from its family/model numbers (a VM's CPU often names only the
-    brand, "AMD EPYC"); None where unknown."""
-    if "AMD" not in name or family is None or model is None:
-        return None
-    if family == 23:
-        return "zen2" if model >= 0x30 else "zen"
-    if family == 25:
-        return "zen4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0xAF else "zen3"
-    if family == 26:
-        return "zen5"
-    return None
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -531,8 +490,9 @@ def make_meta(
         "kernels": paths,
         "engine": {
             "block_size": int(cfg.engine.block_size),
-            "packed_linears": bool(cfg.engine.packed_linears),
-            "paged_kernel": bool(cfg.engine.paged_kernel),
+            # as set (auto: measured at start-up; `kernels` says what ran)
+            "packed_linears": str(cfg.engine.packed_linears),
+            "paged_kernel": str(cfg.engine.paged_kernel),
             "check_invariants": bool(cfg.engine.check_invariants),
         },
         "torch": str(torch.__version__),

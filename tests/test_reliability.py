@@ -155,6 +155,23 @@ def test_scheduler_raising_mid_run_keeps_results(
     assert len(steps) == 3 and len(rec.aborts) == 1
 
 
+def test_allocator_raising_in_blocks_to_grow_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine guards its per-row `blocks_to_grow` loop once, not per call: a crash in
+    it must still name the plugin and the method."""
+    from plugins.allocators.incremental import IncrementalAllocator
+
+    def exploding(self, seq, block_size, lookahead):  # type: ignore[no-untyped-def]
+        raise KeyError("no such block")
+
+    monkeypatch.setattr(IncrementalAllocator, "blocks_to_grow", exploding)
+    with pytest.raises(
+        PolicyError, match=r"allocator policy 'incremental' .*raised in blocks_to_grow: KeyError"
+    ):
+        run_with_observers(make_cfg(*QUICK), tmp_path)
+
+
 def test_broken_invariant_keeps_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe
 ) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,15 @@ class Guarded:
         self._policy = policy
         self._label = f"{group} policy {name!r}" + (f" ({provider})" if provider else "")
 
+    def unguarded(self, attr: str) -> Any:
+        """The policy's own method, for a caller that guards a loop of calls at once with
+        `failure` (a per-call wrapper for every row of every step is measurable)."""
+        return getattr(self._policy, attr)
+
+    def failure(self, attr: str, exc: Exception) -> PolicyError:
+        """The error a crash in `attr` is re-raised as."""
+        return PolicyError(f"{self._label} raised in {attr}: {exc!r}")
+
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self._policy, attr)
         if not callable(value):
@@ -32,7 +41,7 @@ class Guarded:
             except PolicyError:
                 raise
             except Exception as exc:
-                raise PolicyError(f"{self._label} raised in {attr}: {exc!r}") from exc
+                raise self.failure(attr, exc) from exc
 
         # Kept: the engine calls a policy's methods several times a step, and wrapping anew
         # each time was a measurable share of its host work. (Attributes that are not

@@ -100,7 +100,7 @@ class _Held:
 
     @property
     def kept_rows(self) -> int:
-        return sum(1 for d in self.discard if not d)
+        return len(self.discard) - sum(self.discard)
 
 
 class Engine:
@@ -269,11 +269,17 @@ class Engine:
         t = time.perf_counter()
         if batch.decode_rows == len(batch.rows):
             self.costs.observe_forward(len(batch.rows), result.forward_s)
+        wasted = 0
+        unkept: list[bool] = []  # rows whose token nobody keeps
         for row_seq, row in zip(self.running, batch.rows, strict=True):
-            if not row.discard:
-                row_seq.num_computed = row.start_pos + len(row.token_ids)
+            if row.discard:
+                wasted += 1
+                unkept.append(True)
+            else:
+                row_seq.num_computed = row.ctx_len  # start_pos + its tokens
                 if row.samples:  # a chunk short of the end samples nothing
                     row_seq.num_held += 1
+                unkept.append(not row.samples)
         if self.cache is not None:
             self._publish()
         self.counters.token_slots += batch.sampling_rows
@@ -281,7 +287,7 @@ class Engine:
         self.counters.prefill_chunks += len(batch.rows) - batch.decode_rows
         held = _Held(
             list(self.running),
-            [r.discard or not r.samples for r in batch.rows],
+            unkept,
             self.readback.start(result.tokens),
             self.p.output.window(),
         )
@@ -308,7 +314,7 @@ class Engine:
             decode_rows=batch.decode_rows,
             decode_tokens=batch.decode_rows,
             partial_rows=len(batch.rows) - batch.sampling_rows,
-            wasted_rows=sum(1 for r in batch.rows if r.discard),
+            wasted_rows=wasted,
             tokens_kept=kept,
             admitted=len(admitted),
             evicted=len(evicted),
@@ -409,9 +415,23 @@ class Engine:
         """
         preempted, kept, finished = 0, 0, []
         bs = self.pool.block_size
-        grow = self.p.allocator.blocks_to_grow
+        allocator = self.p.allocator
+        guarded = isinstance(allocator, Guarded)  # guarded once around the whole loop
+        grow = allocator.unguarded("blocks_to_grow") if guarded else allocator.blocks_to_grow
         while True:
-            need = {s: grow(s, bs, s.num_held) for s in self.running if not s.finished}
+            try:
+                need = {
+                    s: grow(s, bs, s.num_held)
+                    for s in self.running
+                    if s.finish_reason is None  # `not s.finished`, inlined (every row, step)
+                    and len(s.output_token_ids) + s.num_held < s.spec.sampling.max_tokens
+                }
+            except PolicyError:
+                raise
+            except Exception as exc:
+                if not guarded:
+                    raise
+                raise allocator.failure("blocks_to_grow", exc) from exc
             short = sum(need.values()) - self.pool.num_free
             if short <= 0:
                 break
@@ -430,7 +450,9 @@ class Engine:
         for seq, n in need.items():
             if n > 0:
                 seq.block_table += self.pool.allocate(seq.id, n)
-            if self.pool.blocks_for(seq.total_len) > len(seq.block_table):
+            # `pool.blocks_for(seq.total_len)`, inlined
+            cached = seq._prompt_len + len(seq.output_token_ids) + seq.num_held
+            if -(-cached // bs) > len(seq.block_table):
                 raise self._fail(
                     "allocator",
                     f"left {seq.id} {len(seq.block_table)} blocks for {seq.total_len} cached "
@@ -554,7 +576,11 @@ class Engine:
         (and finished) row its one token first, then each row part way through a chunked
         prefill, in running order, what the scheduler's `chunk` gives it from the rest of
         the budget. Returns the chunks that are not whole, and the rows' total."""
-        partial = [s for s in self.running if s.step_tokens > 1]
+        # `s.step_tokens > 1`, inlined (every row, every step): a row not yet sampling
+        # with more than one token pending.
+        partial = [
+            s for s in self.running if s.num_computed < s.prefill_end - 1 and s.step_tokens > 1
+        ]
         tokens = len(self.running)
         chunks: dict[Sequence, int] = {}
         if not partial:
@@ -629,8 +655,14 @@ class Engine:
         rows: list[Row] = []
         num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
         for i, seq in enumerate(self.running):
-            index = len(seq.output_token_ids) + seq.num_held
-            if seq.finished:
+            # `finished`, `total_len` and `id` inlined: this loop runs for every row of every
+            # step, and at trace scale it is the largest share of the engine's host work.
+            spec = seq.spec
+            sampling = spec.sampling
+            out = seq.output_token_ids
+            index = len(out) + seq.num_held
+            total_len = seq._prompt_len + index
+            if seq.finish_reason is not None or index >= sampling.max_tokens:
                 # Still in a static batch: computed like a decode row over its cached context,
                 # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
                 token = HELD if from_device else seq.tokens_from(seq.num_tokens - 1)[0]
@@ -660,6 +692,11 @@ class Engine:
                     raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
                 tokens = [HELD]
                 slots = [table[start // bs] * bs + start % bs]
+            elif start == total_len - 1:
+                # A decode row (most rows of most steps): its one input token is the last
+                # applied one; no slicing, no slot loop.
+                tokens = [out[-1]] if out else [spec.prompt_token_ids[-1]]
+                slots = [table[start // bs] * bs + start % bs]
             else:
                 n = chunks.get(seq)  # None: all it has pending
                 tokens = (
@@ -668,20 +705,21 @@ class Engine:
                 slots = self._slots(table, start, start + len(tokens))
             q = len(tokens)
             end = start + q
-            samples = end == seq.total_len
+            samples = end == total_len
             prefill = start < seq.prefill_end
             rows.append(
                 Row(
-                    seq.id,
+                    spec.id,
                     tokens,
                     start,
                     slots,
                     table,
                     end,
-                    seq.spec.sampling,
+                    sampling,
                     index,
-                    samples=samples,
-                    prefill=prefill,
+                    False,
+                    samples,
+                    prefill,
                 )
             )
             num_tokens += q
@@ -732,22 +770,24 @@ class Engine:
         now = self.now()
         kept = 0
         finished: list[Sequence] = []
+        counters = self.counters
         for seq, discard, token, window in drained:
             if discard:
                 continue
             if seq.finish_reason is not None:
-                self.counters.overshoot_tokens += 1
+                counters.overshoot_tokens += 1
                 continue
-            seq.output_token_ids.append(token)
+            out = seq.output_token_ids
+            out.append(token)
             seq.token_times.append(now)
             if seq.first_token_at is None:
                 seq.first_token_at = now
             kept += 1
-            if token in seq.stop_ids():
+            if token in seq._stop_ids:  # `seq.stop_ids()`, inlined (every token)
                 seq.finish_reason = "stop"
                 if window >= 1:
-                    self.counters.expected_overshoot += (window + 1) / 2
-            elif len(seq.output_token_ids) >= seq.sampling.max_tokens:
+                    counters.expected_overshoot += (window + 1) / 2
+            elif len(out) >= seq.spec.sampling.max_tokens:
                 seq.finish_reason = "length"
             if seq.finish_reason:
                 seq.status = Status.FINISHED

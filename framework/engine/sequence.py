@@ -20,7 +20,7 @@ class Status(enum.Enum):
     REJECTED = "rejected"  # can never run here; see `reject_reason`
 
 
-@dataclass(eq=False)  # identity: two requests with equal fields are still two requests
+@dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
 class Sequence:
     spec: RequestSpec
     eos_token_id: int | None

@@ -5,6 +5,7 @@ tensor) out. It implements the engine's `Executor` protocol (`framework.engine.e
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -12,8 +13,7 @@ from transformers import PreTrainedModel
 from framework.engine.batch import HELD, StepBatch
 from framework.engine.executor import ExecResult
 from framework.engine.kv_cache import KVCache
-from framework.executors.kernels.paged_decode import available
-from framework.executors.packed_linear import pack_linears, unpack_linears
+from framework.executors.kernel_choice import AUTO, choose_decode_kernel, choose_linears
 from framework.executors.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
 from framework.executors.sampler import sample
 
@@ -26,20 +26,29 @@ class HFExecutor:
         model: PreTrainedModel,
         cache: KVCache,
         device: torch.device,
-        packed_linears: bool = True,
-        paged_kernel: bool = True,
+        packed_linears: Any = AUTO,
+        paged_kernel: Any = AUTO,
     ) -> None:
         self.model = model
         self.cache = cache
         self.device = device
         model.set_attn_implementation(ATTN_NAME)
-        # The model object may be shared (tests, benchmarks): each engine states its own way.
-        if packed_linears:
-            pack_linears(model)  # a no-op off CPU fp32, and for layers already packed
-        else:
-            unpack_linears(model)
+        # The model object may be shared (tests, benchmarks): each engine states its own way,
+        # measured on this machine unless set (auto / true / false).
+        self.linears = choose_linears(model, packed_linears)
         layer = cache.k[0]
-        self.kernel = paged_kernel and available(device, layer.dtype, layer.shape[-1])
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        self.decode = choose_decode_kernel(
+            paged_kernel,
+            device,
+            layer.dtype,
+            heads,
+            layer.shape[1],
+            layer.shape[-1],
+            cache.block_size,
+        )
+        self.kernel = self.decode.use
 
     def _paged(
         self, batch: StepBatch
@@ -105,7 +114,13 @@ class HFExecutor:
         return paged, input_ids, position_ids, keep
 
     def describe(self) -> dict[str, str]:
-        return {"executor": "model"}
+        """The executor, and the kernels this machine got: what ran, how it was decided
+        (measured, set, unavailable) and on what timings."""
+        return {
+            "executor": "model",
+            "linears": self.linears.said("packed", "stock"),
+            "decode_attention": self.decode.said("paged_kernel", "gather_sdpa"),
+        }
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:

@@ -1,4 +1,4 @@
-"""The model's Linear layers through prepacked oneDNN weights, on CPU in float32.
+"""The model's Linear layers through prepacked oneDNN weights, on CPU in float32 or bfloat16.
 
 Why: on this project's reference CPU (AMD EPYC, AVX2) PyTorch's default fp32 `linear` goes to
 MKL, whose small-M sgemm (M = rows in a decode step) re-reads the weight poorly: measured for
@@ -9,7 +9,9 @@ A decode step is almost all Linear work, so this is the largest single lever on 
 The packed copy is made once per layer (so the weights are held twice); the layer's own
 `weight` stays, for tied embeddings and for anything else that reads it. `unpack_linears`
 puts the stock forward back, e.g. to time plain Hugging Face on the same model object.
-Results differ from MKL's by fp32 rounding only (a different summation order).
+Results differ from MKL's by fp32 rounding only (a different summation order). Whether the
+packing pays on the CPU at hand is measured, not assumed (`kernel_choice.choose_linears`): on
+an Intel Xeon with AMX it made no difference.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ PACKED = "_nanoserve_packed"  # attribute holding a layer's packed weight
 
 
 def can_pack(model: nn.Module) -> bool:
-    """oneDNN is in this torch build, and the model is float32 on the CPU."""
+    """oneDNN is in this torch build, and the model is float32 or bfloat16 on the CPU
+    (whether packing pays is measured, `framework.executors.kernel_choice`)."""
     param = next(model.parameters())
     return (
         torch.backends.mkldnn.is_available()
         and param.device.type == "cpu"
-        and param.dtype == torch.float32
+        and param.dtype in (torch.float32, torch.bfloat16)
     )
 
 
@@ -62,11 +65,12 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def pack_linears(model: nn.Module, rows_hint: int = 16) -> int:
-    """Give every fp32 CPU `nn.Linear` a packed weight and a forward that uses it.
+    """Give every CPU fp32 / bf16 `nn.Linear` a packed weight and a forward that uses it.
 
     `rows_hint` is oneDNN's guess at the input's row count; measured on SmolLM2's shapes, any
     hint from 2 to 64 serves every row count from 1 to 512 within noise. Returns how many
-    layers were packed (0 where oneDNN is missing or the model is not fp32 on the CPU).
+    layers were packed (0 where oneDNN is missing or the model is not on the CPU in fp32 or
+    bf16).
     """
     if not can_pack(model):
         return 0

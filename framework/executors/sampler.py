@@ -11,11 +11,13 @@ import torch
 
 from framework.engine.batch import Row
 
-_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over the seed space
+SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over the seeds
+SEED_STEP = 0x100000001B3  # the FNV prime: one token index apart, far apart in seed space
+SEED_MOD = 2**63 - 1
 
 
 def draw_seed(seed: int, token_index: int) -> int:
-    return (seed * _MIX + token_index * 0x100000001B3 + 1) % (2**63 - 1)
+    return (seed * SEED_MIX + token_index * SEED_STEP + 1) % SEED_MOD
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

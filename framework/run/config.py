@@ -12,6 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from framework.executors.kernel_choice import setting
 from framework.executors.model_loader import TinySpec
 
 
@@ -23,14 +24,17 @@ class EngineConfig:
     num_blocks: int | None = None  # explicit pool size; None: size it from kv_memory_mb
     kv_memory_mb: float = 256.0
     check_invariants: bool = True
-    # CPU fp32: run Linear layers on weights prepacked for oneDNN
-    # (framework/executors/packed_linear.py); false: PyTorch's stock linear, e.g. to measure
-    # what the packing buys.
-    packed_linears: bool = True
-    # CPU fp32: decode attention reads each row's KV blocks in place with nanoserve's C++
-    # kernel (framework/executors/kernels/, compiled on first use); false: gather the blocks,
-    # then SDPA.
-    paged_kernel: bool = True
+    # Kernels whose worth depends on the machine: auto (the default) times both ways on
+    # this CPU, model, dtype and thread count at start-up and keeps the faster
+    # (framework/executors/kernel_choice.py); true / false sets it. What ran, and why, is in
+    # metrics.json and MLflow.
+    # CPU fp32 / bf16: the Linear layers on weights prepacked for oneDNN
+    # (framework/executors/packed_linear.py), or PyTorch's stock linear.
+    packed_linears: Any = "auto"
+    # CPU fp32 / bf16: decode attention reads each row's KV blocks in place with nanoserve's
+    # C++ kernel (framework/executors/kernels/, compiled on first use), or gathers the blocks
+    # and runs SDPA.
+    paged_kernel: Any = "auto"
 
 
 @dataclass
@@ -109,6 +113,8 @@ def check_engine(e: Any) -> None:
         )
     if e.num_blocks is None and e.kv_memory_mb <= 0:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
+    for name in ("packed_linears", "paged_kernel"):
+        setting(e[name], name)  # auto, true or false
     if e.max_num_batched_tokens < e.max_num_seqs:
         raise ValueError(
             f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "

@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from framework.tracking.machine import cpu_model, isa_summary
+
 DEFAULT_URI = "sqlite:///mlflow.db"  # a file in the working directory: no server needed
 PARENT_ENV = "NANOSERVE_MLFLOW_PARENT"  # set by the sweep callback for the jobs it launches
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,16 +62,6 @@ def _git(*args: str) -> str | None:
     return proc.stdout.strip()
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _gpu_name() -> str:
     import torch  # already loaded by any run; imported here so this module stays light
 
@@ -97,7 +89,8 @@ def environment_tags() -> dict[str, str]:
         "git.dirty": "unknown" if status is None else str(bool(status)).lower(),
         "git.branch": _git("rev-parse", "--abbrev-ref", "HEAD") or "unknown",
         "machine.host": platform.node(),
-        "machine.cpu": _cpu_model(),
+        "machine.cpu": cpu_model(),
+        "machine.isa": isa_summary(),  # the flags that decide kernels: avx2 ... amx_int8
         "machine.cores": str(os.cpu_count()),
         "machine.gpu": _gpu_name(),
         "machine.platform": platform.platform(),

@@ -35,8 +35,8 @@ class IncrementalAllocator(Allocator):
 
     def blocks_to_grow(self, seq: Sequence, block_size: int, lookahead: int) -> int:
         # The next forward writes K/V up to position num_tokens + lookahead - 1.
-        need = -(-(seq.num_tokens + lookahead) // block_size)
-        return max(0, need - len(seq.block_table))
+        more = -(-(seq.num_tokens + lookahead) // block_size) - len(seq.block_table)
+        return more if more > 0 else 0  # not max(): called for every row of every step
 
 
 @hookimpl

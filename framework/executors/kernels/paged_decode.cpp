@@ -1,4 +1,5 @@
-// Decode attention over paged KV, reading each row's blocks in place (CPU, fp32, AVX2).
+// Decode attention over paged KV, reading each row's blocks in place (CPU, AVX2; the cache in
+// fp32 or bf16, the arithmetic in fp32).
 //
 // Why: the portable path (framework/paged_attention.py) first gathers every decode row's
 // blocks into a padded contiguous copy, then runs SDPA on it; on CPU that copy plus SDPA's
@@ -6,7 +7,10 @@
 // SmolLM2's shapes at 1 to 256 rows). Softmax stays in PyTorch between the two calls.
 //
 // Layout: k, v are one layer's cache, [slots, Hkv, D] with block b = slots b*bs .. b*bs+bs-1,
-// so one block is bs * Hkv * D contiguous floats. Query head h reads kv head h / (Hq / Hkv).
+// so one block is bs * Hkv * D contiguous values. Query head h reads kv head h / (Hq / Hkv).
+// A bf16 cache is widened to fp32 eight values at a time as it is read (a bf16 value is the
+// top half of an fp32 one), so the queries, scores and probabilities stay fp32 and the cache is
+// read at half the bytes; the caller casts the output back.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -15,6 +19,13 @@
 #include <limits>
 
 namespace {
+
+// Eight consecutive cache values as fp32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v);
@@ -31,8 +42,9 @@ inline int64_t first_seen(int64_t len, int64_t window) {
 
 void check(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& table,
            const torch::Tensor& lens) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && kv.scalar_type() == torch::kFloat,
-              "paged decode kernel: float32 only");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat, "paged decode kernel: float32 queries only");
+  TORCH_CHECK(kv.scalar_type() == torch::kFloat || kv.scalar_type() == torch::kBFloat16,
+              "paged decode kernel: a float32 or bfloat16 cache only");
   TORCH_CHECK(q.is_contiguous() && kv.is_contiguous(), "paged decode kernel: contiguous only");
   TORCH_CHECK(kv.size(2) % 8 == 0, "paged decode kernel: head dim not a multiple of 8");
   TORCH_CHECK(q.size(1) % kv.size(1) == 0, "paged decode kernel: query heads / kv heads");
@@ -47,15 +59,14 @@ void check(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor&
 
 // q [B, Hq, D] -> scores [B, Hq, nb * bs], scaled; -inf where a row's query does not look.
 // One task per (row, block): the block's keys are read once, contiguously, for every head.
-torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table,
-                           torch::Tensor lens, int64_t bs, double scale, int64_t window) {
-  check(q, k, table, lens);
-  TORCH_CHECK(q.size(2) == k.size(2), "paged decode kernel: query and key head dims differ");
+template <typename KV>
+void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& k,
+                 const torch::Tensor& table, const torch::Tensor& lens, int64_t bs, double scale,
+                 int64_t window) {
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1);
   const int64_t G = Hq / Hkv, nb = table.size(1), W = nb * bs;
-  auto s = torch::empty({B, Hq, W}, q.options());
   const float* Q = q.data_ptr<float>();
-  const float* K = k.data_ptr<float>();
+  const KV* K = k.data_ptr<KV>();
   const int64_t* T = table.data_ptr<int64_t>();
   const int64_t* L = lens.data_ptr<int64_t>();
   float* S = s.data_ptr<float>();
@@ -64,7 +75,7 @@ torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table
   at::parallel_for(0, B * nb, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / nb, j = t % nb, len = L[b], lo = first_seen(len, window);
-      const float* block = K + T[b * nb + j] * bs * Hkv * D;
+      const KV* block = K + T[b * nb + j] * bs * Hkv * D;
       for (int64_t i = 0; i < bs; ++i) {
         const int64_t p = j * bs + i;
         const bool seen = p >= lo && p < len;
@@ -75,29 +86,40 @@ torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table
             continue;
           }
           const float* qh = Q + (b * Hq + h) * D;
-          const float* kp = block + (i * Hkv + h / G) * D;
+          const KV* kp = block + (i * Hkv + h / G) * D;
           __m256 acc = _mm256_setzero_ps();
           for (int64_t d = 0; d < D; d += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kp + d), acc);
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), load8(kp + d), acc);
           *out = hsum(acc) * sc;
         }
       }
     }
   });
+}
+
+torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table,
+                           torch::Tensor lens, int64_t bs, double scale, int64_t window) {
+  check(q, k, table, lens);
+  TORCH_CHECK(q.size(2) == k.size(2), "paged decode kernel: query and key head dims differ");
+  auto s = torch::empty({q.size(0), q.size(1), table.size(1) * bs}, q.options());
+  if (k.scalar_type() == torch::kBFloat16)
+    scores_into<at::BFloat16>(s, q, k, table, lens, bs, scale, window);
+  else
+    scores_into<float>(s, q, k, table, lens, bs, scale, window);
   return s;
 }
 
 // probs [B, Hq, nb * bs] (softmax of the scores) -> out [B, Hq, D] = probs . values.
 // One task per row (each position's values read once for every head); with fewer rows than
 // threads, one per (row, head).
-torch::Tensor paged_mix(torch::Tensor probs, torch::Tensor v, torch::Tensor table,
-                        torch::Tensor lens, int64_t bs, int64_t window) {
-  check(probs, v, table, lens);
+template <typename KV>
+void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tensor& v,
+              const torch::Tensor& table, const torch::Tensor& lens, int64_t bs,
+              int64_t window) {
   const int64_t B = probs.size(0), Hq = probs.size(1), W = probs.size(2);
   const int64_t Hkv = v.size(1), D = v.size(2), G = Hq / Hkv, nb = table.size(1);
-  auto out = torch::zeros({B, Hq, D}, probs.options());
   const float* P = probs.data_ptr<float>();
-  const float* V = v.data_ptr<float>();
+  const KV* V = v.data_ptr<KV>();
   const int64_t* T = table.data_ptr<int64_t>();
   const int64_t* L = lens.data_ptr<int64_t>();
   float* O = out.data_ptr<float>();
@@ -107,18 +129,27 @@ torch::Tensor paged_mix(torch::Tensor probs, torch::Tensor v, torch::Tensor tabl
       const int64_t b = t / split, len = L[b];
       const int64_t h0 = split == 1 ? 0 : t % split, h1 = split == 1 ? Hq : h0 + 1;
       for (int64_t p = first_seen(len, window); p < len; ++p) {
-        const float* vp = V + (T[b * nb + p / bs] * bs + p % bs) * Hkv * D;
+        const KV* vp = V + (T[b * nb + p / bs] * bs + p % bs) * Hkv * D;
         for (int64_t h = h0; h < h1; ++h) {
           const __m256 w = _mm256_set1_ps(P[(b * Hq + h) * W + p]);
-          const float* vh = vp + (h / G) * D;
+          const KV* vh = vp + (h / G) * D;
           float* o = O + (b * Hq + h) * D;
           for (int64_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(vh + d),
-                                                    _mm256_loadu_ps(o + d)));
+            _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, load8(vh + d), _mm256_loadu_ps(o + d)));
         }
       }
     }
   });
+}
+
+torch::Tensor paged_mix(torch::Tensor probs, torch::Tensor v, torch::Tensor table,
+                        torch::Tensor lens, int64_t bs, int64_t window) {
+  check(probs, v, table, lens);
+  auto out = torch::zeros({probs.size(0), probs.size(1), v.size(2)}, probs.options());
+  if (v.scalar_type() == torch::kBFloat16)
+    mix_into<at::BFloat16>(out, probs, v, table, lens, bs, window);
+  else
+    mix_into<float>(out, probs, v, table, lens, bs, window);
   return out;
 }
 

@@ -3,8 +3,10 @@
 The kernel (`paged_decode.cpp`) is compiled by `torch.utils.cpp_extension` the first time an
 engine asks for it (about a minute on a 2-core machine) and cached under PyTorch's extensions
 directory (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), rebuilt only when the
-source changes. Where it cannot be used (no compiler, no AVX2, not CPU fp32, an odd head
-size) the engine keeps the portable gather + SDPA path and says why once.
+source changes. It reads a float32 or a bfloat16 cache (widening bf16 to fp32 as it reads;
+the arithmetic is fp32 either way). Where it cannot be used (no compiler, no AVX2, not the
+CPU, another dtype, an odd head size) the engine keeps the portable gather + SDPA path and
+says why once.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import torch
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma"]
+KV_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes it reads
 
 
 def why_not(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
     """Why the kernel cannot serve this model here, or None when it can."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return f"it runs on CPU in float32 only (this run: {device.type}, {dtype})"
+    if device.type != "cpu" or dtype not in KV_DTYPES:
+        return f"it runs on CPU in float32 or bfloat16 only (this run: {device.type}, {dtype})"
     if head_dim % 8:
         return f"head size {head_dim} is not a multiple of 8"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -44,9 +47,9 @@ def _build_error() -> str | None:
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel serves this model here; warns once with the reason when it should
-    have (a CPU fp32 model) but cannot. Other devices and dtypes take the portable path
-    silently: it is theirs by design."""
-    if device.type != "cpu" or dtype != torch.float32:
+    have (a CPU fp32 or bf16 model) but cannot. Other devices and dtypes take the portable
+    path silently: it is theirs by design."""
+    if device.type != "cpu" or dtype not in KV_DTYPES:
         return False
     reason = why_not(device, dtype, head_dim)
     if reason is not None:
@@ -72,8 +75,10 @@ def paged_decode(
     window: int | None,
 ) -> torch.Tensor:
     """[rows, Hq, D]: each row's attention over its own blocks (the last `window` positions
-    on a sliding layer)."""
+    on a sliding layer), in `q`'s dtype; scores, softmax and sums in fp32."""
     ops = torch.ops.nanoserve
     w = window or 0
-    scores = ops.paged_scores(q.contiguous(), k_cache, blocks, lens, block_size, scale, w)
-    return ops.paged_mix(torch.softmax(scores, -1), v_cache, blocks, lens, block_size, w)
+    qf = q.float().contiguous()  # a no-op copy in fp32; bf16 queries widened once
+    scores = ops.paged_scores(qf, k_cache, blocks, lens, block_size, scale, w)
+    out = ops.paged_mix(torch.softmax(scores, -1), v_cache, blocks, lens, block_size, w)
+    return out.to(q.dtype)

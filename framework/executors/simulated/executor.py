@@ -26,7 +26,7 @@ class SimulatedExecutor:
     def execute(self, batch: StepBatch) -> ExecResult:
         cost = self.cost.predict(StepFeatures.of(batch))
         # A chunk short of its prompt's end samples nothing: its entry is never read.
-        ids = [self.tokens.token(row) if row.samples else 0 for row in batch.rows]
+        ids = self.tokens.tokens(batch.rows)
         return ExecResult(
             tokens=torch.tensor(ids, dtype=torch.long),
             forward_s=cost.forward_s,

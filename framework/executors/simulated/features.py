@@ -52,15 +52,17 @@ class StepFeatures:
         longest = 0
         for row in batch.rows:
             q = len(row.token_ids)
-            if row.is_decode:
+            ctx = row.ctx_len
+            if q == 1 and row.start_pos > 0:  # `row.is_decode`, inlined (every row, every step)
                 decode_rows += 1
-                decode_ctx += row.ctx_len
-                longest = max(longest, row.ctx_len)
+                decode_ctx += ctx
+                if ctx > longest:
+                    longest = ctx
             else:
                 prefill_rows += 1
                 prefill_tokens += q
-                prefill_attn += q * row.ctx_len
-            if not (row.sampling.greedy or row.discard or not row.samples):
+                prefill_attn += q * ctx
+            if row.samples and not row.discard and not row.sampling.greedy:
                 random += 1
         tokens = prefill_tokens + decode_rows
         return cls(

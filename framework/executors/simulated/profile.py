@@ -23,6 +23,7 @@ extrapolated into negative seconds by the first batch larger than the grid's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ DERIVED: dict[str, Callable[[StepFeatures], float]] = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # a profile's few terms, parsed once, not every step
 def parse_term(name: str) -> tuple[str, int | None]:
     """`decode_ctx` -> ("decode_ctx", None); `linear_tokens>64` -> ("linear_tokens", 64)."""
     feature, sep, knot = name.partition(">")

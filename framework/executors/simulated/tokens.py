@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 
 from framework.engine.batch import Row
-from framework.executors.sampler import draw_seed
+from framework.executors.sampler import SEED_MIX, SEED_MOD, SEED_STEP, draw_seed
 
 
 class ReplayError(ValueError):
@@ -72,6 +72,29 @@ class TokenStreams:
                 f"executor.replay lacks {len(missing)} request(s) of the workload, the first "
                 f"{missing[0]!r}: replay the outputs.jsonl of a run of the same workload"
             )
+
+    def tokens(self, rows: list[Row]) -> list[int]:
+        """Every row's token, in order (0 for a chunk that samples nothing: never read).
+
+        `token` over the rows, with its common case inlined: a request whose stream has no
+        stop token left to draw (a trace's `ignore_eos`) and no replay is one hash a row,
+        and the simulator runs it for every row of every step."""
+        out: list[int] = []
+        keys = self._keys
+        vocab = self.vocab_size
+        plain = self.replay is None
+        for row in rows:
+            if not row.samples:
+                out.append(0)
+                continue
+            known = keys.get(row.seq_id)
+            if plain and known is not None and not known[0]:  # `_filler`, with no stops
+                out.append(
+                    (known[1] * SEED_MIX + row.token_index * SEED_STEP + 1) % SEED_MOD % vocab
+                )
+            else:
+                out.append(self.token(row))
+        return out
 
     def token(self, row: Row) -> int:
         key = row.seq_id

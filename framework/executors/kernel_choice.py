@@ -1,0 +1,179 @@
+"""Which kernel runs, where the answer depends on the machine: chosen by a short measurement
+on the CPU the engine finds, unless the user sets it.
+
+Why measure: the same choice went opposite ways on the machines this project has run on.
+Prepacked oneDNN Linear layers were 1.22x faster than PyTorch's stock ones on a 2-core AMD
+EPYC with AVX2 only (where stock went to MKL's slow small-M sgemm) and within noise on an Intel
+Xeon with AMX; the paged decode kernel beat gather + SDPA 2.4-3.8x in fp32 on AVX2. A rule
+written on one machine is a guess on the next, so each choice here is timed on this one, on
+the run's own model, dtype and thread count, in alternating rounds (a slow spell of a shared
+machine falls on both sides), and kept for the process.
+
+Each choice is reported (`HFExecutor.describe`, so `metrics.json` and MLflow): what runs, how
+it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel`, or
+`unavailable` with the reason) and the timings it was decided on.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from framework.executors.kernels.paged_decode import available, paged_decode, why_not
+from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
+
+AUTO = "auto"
+ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds counts
+LINEAR_ROWS = (1, 16, 128)  # a lone decode row, a decode batch, a prefill's worth
+MARGIN = 0.97  # packing holds every weight twice: it must win by more than noise
+
+
+@dataclass(frozen=True)
+class Choice:
+    use: bool
+    how: str  # measured | set | unavailable
+    why: str  # the timings it was decided on, or why there was no choice
+
+    def said(self, on: str, off: str) -> str:
+        return f"{on if self.use else off} ({self.how}{': ' + self.why if self.why else ''})"
+
+
+def setting(value: Any, key: str) -> bool | None:
+    """`engine.<key>` as True / False, or None for `auto`; a ValueError naming the field
+    for anything else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError(
+        f"engine.{key} must be auto (chosen by a measurement on this machine), true or false; "
+        f"got {value!r}"
+    )
+
+
+def best_of(fns: dict[str, Callable[[], Any]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Each function's best seconds over `rounds` alternating rounds, after one untimed call
+    each (first-call setup: oneDNN primitives, allocator pools)."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
+# ---- Linear layers ------------------------------------------------------------------------
+@torch.inference_mode()
+def _linear_times(model: nn.Module) -> dict[str, float]:
+    """Seconds of one pass through every Linear layer at each of `LINEAR_ROWS` rows, stock
+    and packed (the packed copies must exist)."""
+    dtype = next(model.parameters()).dtype
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    inputs = {n: [torch.randn(n, m.in_features, dtype=dtype) for m in linears] for n in LINEAR_ROWS}
+
+    def stock() -> None:
+        for n in LINEAR_ROWS:
+            for m, x in zip(linears, inputs[n], strict=True):
+                F.linear(x, m.weight, m.bias)
+
+    def packed() -> None:
+        op = torch.ops.mkldnn._linear_pointwise
+        for n in LINEAR_ROWS:
+            for m, x in zip(linears, inputs[n], strict=True):
+                op(x, getattr(m, PACKED), m.bias, "none", [], "")
+
+    return best_of({"stock": stock, "packed": packed})
+
+
+def choose_linears(model: nn.Module, value: Any) -> Choice:
+    """Pack the model's Linear layers for oneDNN, or not; and do it (or undo it)."""
+    want = setting(value, "packed_linears")
+    if not can_pack(model):
+        unpack_linears(model)
+        param = next(model.parameters())
+        why = f"oneDNN packing is for CPU float32 / bfloat16 (this model: {param.device.type}, "
+        return Choice(False, "unavailable", why + f"{param.dtype})")
+    if want is not None:
+        pack_linears(model) if want else unpack_linears(model)
+        return Choice(want, "set", "")
+    choice = _measured_linears(model, torch.get_num_threads())
+    # Kept per model: another engine may have packed or unpacked it since.
+    pack_linears(model) if choice.use else unpack_linears(model)
+    return choice
+
+
+@functools.lru_cache(maxsize=16)  # per model object and thread count; the model outlives runs
+def _measured_linears(model: nn.Module, threads: int) -> Choice:
+    pack_linears(model)
+    t = _linear_times(model)
+    use = t["packed"] < MARGIN * t["stock"]
+    rows = "/".join(map(str, LINEAR_ROWS))
+    why = f"packed {1e3 * t['packed']:.3g} ms, stock {1e3 * t['stock']:.3g} ms a pass"
+    why += f" at {rows} rows"
+    return Choice(use, "measured", why)
+
+
+# ---- decode attention ---------------------------------------------------------------------
+def choose_decode_kernel(
+    value: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+) -> Choice:
+    """nanoserve's paged decode kernel, or the portable gather + SDPA path."""
+    want = setting(value, "paged_kernel")
+    if want is False:
+        return Choice(False, "set", "")
+    if not available(device, dtype, head_dim):  # warns once where it should serve but cannot
+        return Choice(False, "unavailable", why_not(device, dtype, head_dim) or "")
+    if want:
+        return Choice(True, "set", "")
+    shape = (dtype, q_heads, kv_heads, head_dim, block_size, torch.get_num_threads())
+    return _measured_decode(*shape)
+
+
+@functools.lru_cache(maxsize=16)
+@torch.inference_mode()
+def _measured_decode(
+    dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int, block_size: int, threads: int
+) -> Choice:
+    """One layer's decode attention for 16 rows over 256 positions each, both ways."""
+    from framework.executors.paged_attention import sdpa_decode
+
+    rows, ctx = 16, 256
+    nb = ctx // block_size
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(rows * nb * block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(rows * nb * block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(rows, q_heads, head_dim, generator=gen).to(dtype)
+    blocks = torch.randperm(rows * nb, generator=gen).view(rows, nb)
+    lens = torch.full((rows,), ctx, dtype=torch.long)
+    mask = torch.ones(rows, 1, 1, nb * block_size, dtype=torch.bool)
+    scale = head_dim**-0.5
+    t = best_of(
+        {
+            "kernel": lambda: paged_decode(q, k, v, blocks, lens, block_size, scale, None),
+            "sdpa": lambda: sdpa_decode(q.unsqueeze(2), k, v, blocks, block_size, mask, scale),
+        }
+    )
+    why = (
+        f"kernel {1e3 * t['kernel']:.3g} ms, gather + SDPA {1e3 * t['sdpa']:.3g} ms per layer "
+        f"at {rows} rows x {ctx} positions"
+    )
+    return Choice(t["kernel"] < t["sdpa"], "measured", why)

@@ -1,0 +1,96 @@
+"""Kernels chosen by measurement on the machine at hand (framework/executors/kernel_choice.py):
+the setting's values, the decision rule on given timings, the model left as chosen, and the
+choice reported in metrics.json. No measured time is asserted: which side wins is the
+machine's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from framework.executors import kernel_choice as kc
+from framework.executors.model_loader import TinySpec, load_model
+from framework.executors.packed_linear import PACKED
+from framework.run.observers import run_with_observers
+from tests.helpers import make_cfg
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CPU = torch.device("cpu")
+
+
+def packed(model: torch.nn.Module) -> bool:
+    return any(hasattr(m, PACKED) for m in model.modules())
+
+
+@pytest.fixture
+def fresh() -> torch.nn.Module:
+    """A tiny model of its own: the choices are kept per model object."""
+    model, _ = load_model("tiny", None, None, torch.float32, CPU, TinySpec())
+    return model
+
+
+def test_setting_values() -> None:
+    assert kc.setting("auto", "x") is None and kc.setting("AUTO", "x") is None
+    assert kc.setting(True, "x") is True and kc.setting("false", "x") is False
+    with pytest.raises(ValueError, match=r"^engine.paged_kernel must be auto .* got 'yes'"):
+        kc.setting("yes", "paged_kernel")
+
+
+@pytest.mark.parametrize(
+    ("times", "use"),
+    [
+        ({"packed": 1.0, "stock": 2.0}, True),
+        ({"packed": 0.99, "stock": 1.0}, False),  # within the margin: not worth the memory
+        ({"packed": 2.0, "stock": 1.0}, False),
+    ],
+)
+def test_linears_follow_the_measurement(
+    fresh: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, times: dict[str, float], use: bool
+) -> None:
+    monkeypatch.setattr(kc, "_linear_times", lambda model: times)
+    kc._measured_linears.cache_clear()
+    choice = kc.choose_linears(fresh, "auto")
+    assert (choice.use, choice.how) == (use, "measured")
+    assert packed(fresh) is use  # the model is left as chosen
+    assert choice.why.startswith(f"packed {1e3 * times['packed']:.3g} ms, stock ")
+
+
+def test_linears_set_and_kept_per_model(fresh: torch.nn.Module) -> None:
+    kc._measured_linears.cache_clear()
+    auto = kc.choose_linears(fresh, "auto")
+    assert auto.how == "measured" and "stock" in auto.why and packed(fresh) is auto.use
+    assert kc.choose_linears(fresh, False) == kc.Choice(False, "set", "") and not packed(fresh)
+    assert kc.choose_linears(fresh, "true").use and packed(fresh)
+    kc.choose_linears(fresh, False)
+    again = kc.choose_linears(fresh, "auto")  # the kept measurement, applied to the model again
+    assert again == auto and packed(fresh) is auto.use
+
+
+def test_linears_unavailable_off_cpu_dtypes() -> None:
+    model, _ = load_model("tiny", None, None, torch.float16, CPU, TinySpec())
+    choice = kc.choose_linears(model, "auto")
+    assert (choice.use, choice.how) == (False, "unavailable") and "float16" in choice.why
+
+
+def test_decode_kernel_choice() -> None:
+    off = kc.choose_decode_kernel(False, CPU, torch.float32, 4, 2, 16, 16)
+    assert off == kc.Choice(False, "set", "")
+    fp16 = kc.choose_decode_kernel("auto", CPU, torch.float16, 4, 2, 16, 16)
+    assert fp16.how == "unavailable" and "float32 or bfloat16" in fp16.why
+    if kc.why_not(CPU, torch.float32, 16) is not None:
+        pytest.skip("the kernel does not build here")
+    for dtype in (torch.float32, torch.bfloat16):
+        auto = kc.choose_decode_kernel("auto", CPU, dtype, 4, 2, 16, 16)
+        assert auto.how == "measured" and "gather + SDPA" in auto.why
+        assert kc.choose_decode_kernel(True, CPU, dtype, 4, 2, 16, 16).use
+
+
+def test_choices_are_in_metrics(tmp_path: Path) -> None:
+    cfg = make_cfg("model=tiny", "workload=straggler", "engine.paged_kernel=false")
+    run_with_observers(cfg, tmp_path)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["decode_attention"] == "gather_sdpa (set)"
+    assert metrics["linears"].startswith(("packed (measured: ", "stock (measured: "))
