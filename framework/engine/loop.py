@@ -450,15 +450,22 @@ class Engine:
         for seq, n in need.items():
             if n > 0:
                 seq.block_table += self.pool.allocate(seq.id, n)
-            # `pool.blocks_for(seq.total_len)`, inlined
-            cached = seq._prompt_len + len(seq.output_token_ids) + seq.num_held
-            if -(-cached // bs) > len(seq.block_table):
-                raise self._fail(
-                    "allocator",
-                    f"left {seq.id} {len(seq.block_table)} blocks for {seq.total_len} cached "
-                    f"tokens ({seq.num_held} held on the device)",
-                )
+        # Whether every row got the blocks its next write needs is checked as `_build` maps
+        # each written position to its slot (`_short_table`): free, rather than a pass over
+        # the rows of every step.
         return preempted, kept, finished
+
+    def _short_table(self, seq: Sequence, exc: IndexError) -> Exception:
+        """What an IndexError while building `seq`'s row means: the allocator left it too
+        few blocks for the positions this step writes (the original error, if not)."""
+        bs = self.pool.block_size
+        if len(seq.block_table) * bs >= seq.total_len:
+            return exc
+        return self._fail(
+            "allocator",
+            f"left {seq.id} {len(seq.block_table)} blocks for {seq.total_len} cached tokens "
+            f"({seq.num_held} held on the device)",
+        )
 
     def _displace(self) -> tuple[int, int, list[Sequence]]:
         """Preempt the running rows the scheduler displaces for a waiting request."""
@@ -654,80 +661,84 @@ class Engine:
         chunks = self._chunks
         rows: list[Row] = []
         num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
-        for i, seq in enumerate(self.running):
-            # `finished`, `total_len` and `id` inlined: this loop runs for every row of every
-            # step, and at trace scale it is the largest share of the engine's host work.
-            spec = seq.spec
-            sampling = spec.sampling
-            out = seq.output_token_ids
-            index = len(out) + seq.num_held
-            total_len = seq._prompt_len + index
-            if seq.finish_reason is not None or index >= sampling.max_tokens:
-                # Still in a static batch: computed like a decode row over its cached context,
-                # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
-                token = HELD if from_device else seq.tokens_from(seq.num_tokens - 1)[0]
-                scratch = [self.scratch_block * bs + i % bs]
+        try:
+            for i, seq in enumerate(self.running):
+                # `finished`, `total_len` and `id` inlined: this loop runs for every row of every
+                # step, and at trace scale it is the largest share of the engine's host work.
+                spec = seq.spec
+                sampling = spec.sampling
+                out = seq.output_token_ids
+                index = len(out) + seq.num_held
+                total_len = seq._prompt_len + index
+                if seq.finish_reason is not None or index >= sampling.max_tokens:
+                    # Still in a static batch: computed like a decode row over its cached context,
+                    # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
+                    token = HELD if from_device else seq.tokens_from(seq.num_tokens - 1)[0]
+                    scratch = [self.scratch_block * bs + i % bs]
+                    rows.append(
+                        Row(
+                            seq.id,
+                            [token],
+                            seq.num_computed,
+                            scratch,
+                            seq.block_table,
+                            seq.num_computed,
+                            seq.sampling,
+                            index,
+                            discard=True,
+                            prefill=False,
+                        )
+                    )
+                    num_tokens += 1
+                    decode_rows += 1
+                    sampling_rows += 1
+                    continue
+                start = seq.num_computed
+                table = seq.block_table
+                if seq.num_held:
+                    if not from_device:
+                        raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
+                    tokens = [HELD]
+                    slots = [table[start // bs] * bs + start % bs]
+                elif start == total_len - 1:
+                    # A decode row (most rows of most steps): its one input token is the last
+                    # applied one; no slicing, no slot loop.
+                    tokens = [out[-1]] if out else [spec.prompt_token_ids[-1]]
+                    slots = [table[start // bs] * bs + start % bs]
+                else:
+                    n = chunks.get(seq)  # None: all it has pending
+                    if n is None:
+                        tokens = seq.tokens_from(start)
+                    else:
+                        tokens = seq.tokens_between(start, start + n)
+                    slots = self._slots(table, start, start + len(tokens))
+                q = len(tokens)
+                end = start + q
+                samples = end == total_len
+                prefill = start < seq.prefill_end
                 rows.append(
                     Row(
-                        seq.id,
-                        [token],
-                        seq.num_computed,
-                        scratch,
-                        seq.block_table,
-                        seq.num_computed,
-                        seq.sampling,
+                        spec.id,
+                        tokens,
+                        start,
+                        slots,
+                        table,
+                        end,
+                        sampling,
                         index,
-                        discard=True,
-                        prefill=False,
+                        False,
+                        samples,
+                        prefill,
                     )
                 )
-                num_tokens += 1
-                decode_rows += 1
-                sampling_rows += 1
-                continue
-            start = seq.num_computed
-            table = seq.block_table
-            if seq.num_held:
-                if not from_device:
-                    raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
-                tokens = [HELD]
-                slots = [table[start // bs] * bs + start % bs]
-            elif start == total_len - 1:
-                # A decode row (most rows of most steps): its one input token is the last
-                # applied one; no slicing, no slot loop.
-                tokens = [out[-1]] if out else [spec.prompt_token_ids[-1]]
-                slots = [table[start // bs] * bs + start % bs]
-            else:
-                n = chunks.get(seq)  # None: all it has pending
-                tokens = (
-                    seq.tokens_from(start) if n is None else seq.tokens_between(start, start + n)
-                )
-                slots = self._slots(table, start, start + len(tokens))
-            q = len(tokens)
-            end = start + q
-            samples = end == total_len
-            prefill = start < seq.prefill_end
-            rows.append(
-                Row(
-                    spec.id,
-                    tokens,
-                    start,
-                    slots,
-                    table,
-                    end,
-                    sampling,
-                    index,
-                    False,
-                    samples,
-                    prefill,
-                )
-            )
-            num_tokens += q
-            if prefill:
-                prefill_tokens += q
-            else:
-                decode_rows += 1
-            sampling_rows += samples
+                num_tokens += q
+                if prefill:
+                    prefill_tokens += q
+                else:
+                    decode_rows += 1
+                sampling_rows += samples
+        except IndexError as exc:  # a block table too short for a position this step writes
+            raise self._short_table(self.running[len(rows)], exc) from exc
         device_inputs = newest.pending.tokens if from_device and newest is not None else None
         return StepBatch.counted(
             rows,
