@@ -91,3 +91,24 @@ def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
         PolicyError, match=r"scheduler policy 'continuous'.*exceeds engine.max_num_seqs"
     ):
         engine.run(specs(3), tok.eos_token_id)
+
+
+def test_slots_map_every_position_to_its_block() -> None:
+    """`Engine._slots` (a per-block loop for short spans, one numpy sum for long ones)
+    against the plain per-position mapping, and a short table is an IndexError."""
+    import random
+    from types import SimpleNamespace
+
+    from framework.engine.loop import Engine
+
+    rng = random.Random(3)
+    for bs in (1, 4, 16):
+        stub = SimpleNamespace(pool=SimpleNamespace(block_size=bs))
+        for _ in range(200):
+            table = rng.sample(range(1000), rng.randint(1, 40))
+            end = rng.randint(1, len(table) * bs)
+            start = rng.randint(0, end - 1)
+            want = [table[p // bs] * bs + p % bs for p in range(start, end)]
+            assert Engine._slots(stub, table, start, end) == want  # type: ignore[arg-type]
+        with pytest.raises(IndexError):
+            Engine._slots(stub, [7] * 5, 0, 5 * bs + 1)  # type: ignore[arg-type]

@@ -52,11 +52,12 @@ class BlockPool:
         return blocks
 
     def free(self, owner: str, blocks: list[int]) -> None:
+        owners = self._owner
         for b in blocks:
-            if self._owner[b] != owner:
-                raise BlockPoolError(f"{owner} freed block {b}, owned by {self._owner[b]}")
-            self._owner[b] = None
-            self._free.append(b)
+            if owners[b] != owner:
+                raise BlockPoolError(f"{owner} freed block {b}, owned by {owners[b]}")
+            owners[b] = None
+        self._free.extend(blocks)
 
     def owners(self) -> dict[str, list[int]]:
         held: dict[str, list[int]] = {}

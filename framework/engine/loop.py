@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from framework.api.guard import Guarded
@@ -642,6 +643,13 @@ class Engine:
         bs = self.pool.block_size
         if end - start == 1:
             return [table[start // bs] * bs + start % bs]
+        if end - start > 4 * bs:  # a long prompt: one numpy outer sum, not a loop per block
+            first, last = start // bs, (end - 1) // bs + 1
+            if last > len(table):
+                raise IndexError(f"block {last - 1} of a {len(table)}-block table")
+            grid = np.asarray(table[first:last])[:, None] * bs + np.arange(bs)
+            off = start - first * bs
+            return grid.ravel()[off : off + end - start].tolist()
         slots: list[int] = []
         pos = start
         while pos < end:
