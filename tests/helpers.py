@@ -49,7 +49,8 @@ def assert_refused(status: int, err: str, expected: str) -> None:
 
 
 def run_engine(cfg: DictConfig, model: Any, tokenizer: Any, specs: list[RequestSpec]) -> RunResult:
-    engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
+    dtype = getattr(model, "dtype", torch.float32)  # the KV cache in the model's own dtype
+    engine = build_engine(cfg, model, torch.device("cpu"), dtype, registry().pm.hook)
     return engine.run(specs, tokenizer.eos_token_id)
 
 

@@ -2,22 +2,45 @@
 benchmark.
 
 Two greedy decoders of the same model must produce the same tokens. The one exception is a
-genuine tie: where the two top logits are closer than `TIE`, fp32 noise from a different
-batch shape (padding, packing, another kernel) may flip the argmax. So at the first position
-where the outputs differ, the reference model's logits over the reference prefix are
-computed; a gap of at most `TIE` between the two tokens is an accepted tie (the rest of the
-outputs may then differ, since each continues a different prefix), a larger gap is a
-mismatch. Outputs of different lengths, without a tie before the end, are a mismatch.
+genuine tie: where the two top logits are closer than the tolerance, rounding noise from a
+different batch shape (padding, packing, another kernel) may flip the argmax. So at the first
+position where the outputs differ, the reference model's logits over the reference prefix are
+computed (in the model's own dtype); a gap within the tolerance between the two tokens is an
+accepted tie (the rest of the outputs may then differ, since each continues a different
+prefix), a larger gap is a mismatch. Outputs of different lengths, without a tie before the
+end, are a mismatch.
+
+The tolerance fits the dtype (`tie_tolerance`):
+- float32: `TIE` = 1e-4, absolute. fp32 noise from another summation order is ~1e-6.
+- bfloat16 and float16: `HALF_ULPS` = 2 units in the last place of the larger of the two
+  logits, in that dtype. A bf16 logit near 20 is a multiple of 0.125 (7 stored mantissa
+  bits), so two decoders' logits differ in whole steps of its spacing, and exact ties (gap 0)
+  are common. Measured on SmolLM2 bf16 over the chat prompts (nanoserve's packed or stock
+  Linear, kernel or SDPA attention, against HF `generate`): every first difference was 0 or
+  1 unit apart (0.125 at 16-32, 0.25 at 32-64); 2 units leaves a margin for deeper prompts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-TIE = 1e-4  # logits closer than this are a genuine tie: fp32 batch-shape noise may flip them
+TIE = 1e-4  # fp32: logits closer than this are a genuine tie (batch-shape noise may flip them)
+HALF_ULPS = 2  # bf16 / fp16: ties within this many units in the last place of the logit
+
+
+def tie_tolerance(dtype: torch.dtype, a: float, b: float) -> float:
+    """The largest logit gap between tokens `a` and `b` (logit values) that is a genuine
+    tie for a model computing in `dtype` (see the module)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return TIE
+    info = torch.finfo(dtype)
+    top = max(abs(a), abs(b), info.tiny)
+    # eps is the spacing just above 1.0 (2^-7 for bf16, 2^-10 for fp16): one unit at `top`
+    return HALF_ULPS * info.eps * 2.0 ** math.floor(math.log2(top))
 
 
 @dataclass
@@ -57,15 +80,17 @@ def compare_greedy(
     for i in range(min(len(ours), len(ref))):
         if ours[i] != ref[i]:
             logits = logits_at(model, prompt + ref[:i])
-            gap = abs(float(logits[ours[i]] - logits[ref[i]]))
+            a, b = float(logits[ours[i]]), float(logits[ref[i]])
+            gap = abs(a - b)
             div = Divergence(rid, i, ours[i], ref[i], gap)
-            if gap <= TIE:
+            tol = tie_tolerance(next(model.parameters()).dtype, a, b)
+            if gap <= tol:
                 return GreedyComparison(True, div)
             return GreedyComparison(
                 False,
                 div,
                 f"{rid}: token {i} differs (ours {ours[i]}, reference {ref[i]}); logit gap "
-                f"{gap:.3g} > {TIE}: not a tie, a bug",
+                f"{gap:.3g} > {tol:.3g}: not a tie, a bug",
             )
     if len(ours) != len(ref):
         return GreedyComparison(False, None, f"{rid}: {len(ours)} tokens, reference {len(ref)}")
