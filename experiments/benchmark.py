@@ -53,6 +53,7 @@ from rich.progress import Progress
 from experiments.benchmark_report import (
     COLUMNS,
     REFERENCE,
+    Pass,
     fmt,
     headline,
     is_reference,
@@ -73,6 +74,7 @@ from framework.run.app import build_engine, check_before_loading, load, resolve_
 from framework.run.config import register_configs
 from framework.run.greedy_check import compare_greedy
 from framework.run.summary import summarize
+from framework.tracking.machine import isa_flags, isa_summary
 from framework.tracking.tags import environment_tags
 from framework.workloads import build_workload
 from framework.workloads.synthetic import sample_arrivals
@@ -81,7 +83,8 @@ from framework.workloads.trace import read_trace
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
 PEERS = ("hf_static", "hf_cb")
-WORKLOADS = ("straggler", "azure_closed", "azure_open")
+WORKLOADS = ("straggler", "azure_closed", "azure_open", "chat48")
+CHAT_QUEUE = 48  # chat48: the shipped chat prompts, repeated to this many, all queued
 TIMES = ("wall_s", "tokens_per_s", "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50")
 TIMES += ("tpot_p99", "host_overhead_share", "host_overhead_share_b8", "linear_alone_s")
 # Benchmark settings under the user's overrides: invariant checks are off (they are host
@@ -93,6 +96,9 @@ FULL = {"requests": 24, "max_prompt": 128, "max_output": 32, "probe_mb": 512, "p
 FULL |= {"matmul_n": 2048, "probe_prompt": 64, "probe_steps": 16, "repeats": 3}
 QUICK = {"requests": 6, "max_prompt": 24, "max_output": 8, "probe_mb": 16}
 QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4, "repeats": 1}
+
+
+KERNELS: dict[str, dict[str, str]] = {}  # dtype -> what the executor chose, as it says
 
 
 class NullHooks:
@@ -137,6 +143,22 @@ def azure_specs(tok: Any, args: argparse.Namespace, seed: int) -> list[RequestSp
     prompts = fit([r.context_tokens for r in rows], args.max_prompt, args.fit)
     outputs = fit([r.generated_tokens for r in rows], args.max_output, args.fit)
     return fixed_specs(tok, prompts, outputs, seed)
+
+
+def chat_queue(tok: Any, n: int, max_tokens: int) -> list[RequestSpec]:
+    """The shipped chat prompts through the chat template, cycled to `n` requests (ids
+    c0..), all queued at t=0, each generating exactly `max_tokens` (EOS ignored)."""
+    chat = build_workload({"kind": "chat", "max_tokens": max_tokens}, tok)
+    return [
+        dataclasses.replace(
+            chat[i % len(chat)],
+            id=f"c{i}",
+            sampling=dataclasses.replace(
+                chat[i % len(chat)].sampling, max_tokens=max_tokens, ignore_eos=True
+            ),
+        )
+        for i in range(n)
+    ]
 
 
 def straggler_specs(ctx: Context) -> list[RequestSpec]:
@@ -278,11 +300,11 @@ def make_row(
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Each row's tokens/s over each peer's, on the same workload."""
+    """Each row's tokens/s over each peer's, on the same workload in the same dtype."""
     for peer in PEERS:
-        base = {r["workload"]: r["tokens_per_s"] for r in rows if r["system"] == peer}
+        base = {(r["workload"], r["dtype"]): r["tokens_per_s"] for r in rows if r["system"] == peer}
         for r in rows:
-            b = base.get(r["workload"])
+            b = base.get((r["workload"], r["dtype"]))
             if b and r["tokens_per_s"]:
                 r[f"ratio_vs_{peer}"] = r["tokens_per_s"] / b
 
@@ -351,8 +373,9 @@ def serve_workload(
 
 def benchmark(
     args: argparse.Namespace, overrides: list[str]
-) -> tuple[list[dict[str, Any]], Probe | None, str]:
-    """Every row, the machine probe, and how the open-loop rate was chosen."""
+) -> tuple[list[dict[str, Any]], Probe | None, str, float | None]:
+    """One dtype's rows, its machine probe, how the open-loop rate was chosen, and the
+    default job's tokens/s."""
     cfg = compose_cfg(overrides)
     for _, combo in plan(args):  # a misspelt policy fails now, not after the model loads
         if combo:
@@ -360,6 +383,9 @@ def benchmark(
     torch.manual_seed(cfg.seed)
     model, tok, device, dtype = load(cfg)
     ctx = Context(cfg, overrides, model, tok, device, dtype)
+    # The kernels this machine gets for this model and dtype (measured once, then kept).
+    kernels = build_engine(combo_cfg(overrides, REFERENCE), model, device, dtype, NullHooks())
+    KERNELS[cfg.dtype] = kernels.executor.describe()
     total = len(args.workloads) * len(plan(args)) + int(not args.no_probe)
     rows: list[dict[str, Any]] = []
     machine, rate_note = None, ""
@@ -391,18 +417,42 @@ def benchmark(
                 specs = straggler_specs(ctx)
             elif workload == "azure_closed":
                 specs = closed
+            elif workload == "chat48":
+                specs = chat_queue(tok, CHAT_QUEUE, args.max_output)
             else:
                 rate, rate_note = open_rate(ctx, args, rows, closed)
                 specs = open_loop(closed, rate, cfg.seed)
-            if workload == "straggler" or not warmed:
+            if workload in ("straggler", "chat48") or not warmed:
                 # Untimed, the shapes of this workload's steps once: oneDNN prepares each new
                 # input shape on first sight, which would otherwise fall on whichever system
                 # happens to run first (the reference) and skew its times and ratios.
-                run_nanoserve(ctx, REFERENCE, closed if workload != "straggler" else specs)
-                warmed = warmed or workload != "straggler"
+                first = closed if workload.startswith("azure") else specs
+                run_nanoserve(ctx, REFERENCE, first)
+                warmed = warmed or workload.startswith("azure")
             rows += serve_workload(ctx, args, workload, specs, tick)
+        job = default_job(ctx, args.repeats) if args.default_job else None
+        if job is not None:
+            tick(f"default job     {job:.4g} tokens/s")
+    for r in rows:
+        r["dtype"] = cfg.dtype
     add_ratios(rows)
-    return rows, machine, rate_note
+    return rows, machine, rate_note, job
+
+
+def default_job(ctx: Context, repeats: int) -> float | None:
+    """Tokens/s of the default job (`python run.py` with this dtype: the chat prompts, EOS
+    honoured, invariant checks on): the median of `repeats` runs, kept tokens over wall time.
+    Its outputs end where each dtype's model puts EOS, so two dtypes' runs may generate
+    different counts; tokens/s compares them."""
+    cfg = compose_cfg([*ctx.overrides, "engine.check_invariants=true"])
+    specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), ctx.tok)
+    rates = []
+    for _ in range(repeats):
+        engine = build_engine(cfg, ctx.model, ctx.device, ctx.dtype, NullHooks())
+        result = engine.run(specs, ctx.tok.eos_token_id)
+        s = summarize(result)
+        rates.append(s["tokens_kept"] / s["makespan_s"] if s["makespan_s"] else 0.0)
+    return float(np.median(rates)) if rates else None
 
 
 def open_rate(
@@ -448,6 +498,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=None, help="open loop: requests/s (fixed)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="tiny model and tiny sizes")
+    ap.add_argument(
+        "--dtypes",
+        type=names(("float32", "bfloat16", "float16")),
+        default=None,
+        help="dtypes to run, each against the peers in the same dtype (default: float32, and "
+        "bfloat16 where the CPU has native bf16; or the run's dtype= if given)",
+    )
+    ap.add_argument(
+        "--no-default-job",
+        dest="default_job",
+        action="store_false",
+        help="skip timing the default job (run.py's chat prompts, EOS honoured) per dtype",
+    )
     ap.add_argument("--no-probe", action="store_true", help="skip the machine section")
     ap.add_argument(
         "--probe-batch",
@@ -472,14 +535,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def dtypes_to_run(args: argparse.Namespace, overrides: list[str]) -> list[str]:
+    """`--dtypes`, else the run's `dtype=` if one was given, else float32 and, where the CPU
+    computes bf16 natively (AVX512-BF16 or AMX), bfloat16."""
+    if args.dtypes:
+        return args.dtypes
+    if any(o.startswith("dtype=") for o in overrides):
+        return [str(compose_cfg(overrides).dtype)]
+    isa = isa_flags()
+    native = isa["avx512_bf16"] or isa["amx_bf16"]
+    return ["float32", "bfloat16"] if native and not args.quick else ["float32"]
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     overrides = [*BASE, *(["model=tiny"] if args.quick else []), *args.overrides]
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or compose_cfg(overrides).threads or threads)
     t0, load_start = time.perf_counter(), os.getloadavg()[0]  # other jobs skew every time
+    passes: list[Pass] = []
     try:
-        rows, machine, rate_note = benchmark(args, overrides)
+        for dt in dtypes_to_run(args, overrides):
+            over = [*(o for o in overrides if not o.startswith("dtype=")), f"dtype={dt}"]
+            rows, machine, rate_note, job = benchmark(args, over)
+            passes.append(Pass(dt, rows, machine, rate_note, job, KERNELS.get(dt, {})))
         threads_used = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)  # a caller in the same process keeps its setting
@@ -489,19 +568,25 @@ def main(argv: list[str] | None = None) -> Path:
     )
     header = {
         "command": f"`{command}`",
-        "model": f"{cfg.model.source}, {cfg.dtype}, {resolve_device(cfg.device)}, "
-        f"{threads_used} threads",
+        "model": f"{cfg.model.source}, {', '.join(p.dtype for p in passes)}, "
+        f"{resolve_device(cfg.device)}, {threads_used} threads",
         "engine": f"max_num_seqs {cfg.engine.max_num_seqs}, block_size {cfg.engine.block_size}",
         "reference": "nanoserve " + "/".join(REFERENCE) + " (outputs and capacity)",
-        "open-loop rate": rate_note or "(not run)",
-        "machine": f"{environment_tags()['machine.cpu']}, {os.cpu_count()} cores, load "
-        f"average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
+        "machine": f"{environment_tags()['machine.cpu']}, {os.cpu_count()} cores, ISA "
+        f"{isa_summary()}; load average {load_start:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end",
+        **{
+            f"kernels ({p.dtype})": f"linears {p.kernels.get('linears', '?')}; decode "
+            f"attention {p.kernels.get('decode_attention', '?')}"
+            for p in passes
+        },
+        **{f"open-loop rate ({p.dtype})": p.rate_note or "(not run)" for p in passes},
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "benchmark wall time": f"{time.perf_counter() - t0:.1f} s",
     }
-    files = write(args.out, rows, machine, header)
+    files = write(args.out, passes, header)
     print(files[1].read_text())
-    log_mlflow(cfg, args, files, headline(rows, machine))
+    log_mlflow(cfg, args, files, headline(passes))
     print(f"results in {args.out}")
     return args.out
 

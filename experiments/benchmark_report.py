@@ -1,5 +1,5 @@
-"""The benchmark's report: the targets of issue #6 against what a run measured, the machine
-section, the result tables (`benchmark.md`, `benchmark.csv`), and the MLflow run.
+"""The benchmark's report: the performance targets against what a run measured, per dtype,
+the machine section, the result tables (`benchmark.md`, `benchmark.csv`), and the MLflow run.
 
 Kept apart from `experiments/benchmark.py`, which runs the systems: this module only formats
 and files numbers that are already measured.
@@ -23,6 +23,7 @@ from framework.tracking.tags import environment_tags, flatten
 REFERENCE = ("continuous", "incremental", "immediate")
 COLUMNS = (
     "system",
+    "dtype",
     "scheduler",
     "allocator",
     "output",
@@ -45,14 +46,38 @@ COLUMNS = (
     "ties",
     "note",
 )
-TARGETS = {  # the issue's goals: name -> (goal, its test of the measured value, its unit)
-    "throughput vs hf_static, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+TARGETS = {  # the goals, per dtype: name -> (goal, its test of the measured value, its unit)
+    "throughput vs hf_static, queued Azure slice": (">= 2.5x", lambda v: v >= 2.5, "x"),
     "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
+    "throughput vs hf_static, 48 chat prompts": (">= 2.5x", lambda v: v >= 2.5, "x"),
+    "throughput vs hf_cb, 48 chat prompts": (">= 2x", lambda v: v >= 2.0, "x"),
+    "time outside the Linear layers, largest-batch decode step": (
+        "<= 25% (fp32)",
+        lambda v: v <= 0.25,
+        "%",
+    ),
+    "batch-1 decode step vs the Linear layers alone": ("<= 1.5x", lambda v: v <= 1.5, "x"),
+    "largest-batch throughput vs the Linear layers alone": (">= 60%", lambda v: v >= 0.6, "%"),
     "host overhead at batch 8": ("<= 5% of a step", lambda v: v <= 0.05, "%"),
     "paged vs dense forward at batch 8": ("<= 1.1x", lambda v: v <= 1.1, "x"),
     "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v: v <= 1.5, "x"),
     "largest-batch throughput vs compute ceiling": (">= 60%", lambda v: v >= 0.6, "%"),
 }
+ACROSS = {  # the goals across dtypes, in one run
+    "default job, bfloat16 vs float32 tokens/s": (">= 1.5x", lambda v: v >= 1.5, "x"),
+}
+
+
+@dataclasses.dataclass
+class Pass:
+    """One dtype's share of a benchmark run."""
+
+    dtype: str
+    rows: list[dict[str, Any]]
+    machine: Probe | None
+    rate_note: str
+    default_job_tps: float | None
+    kernels: dict[str, str]  # what the executor chose on this machine (its `describe()`)
 
 
 def is_reference(row: dict[str, Any]) -> bool:
@@ -68,10 +93,12 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def azure_row(rows: list[dict[str, Any]], system: str) -> dict[str, Any]:
-    """The queued Azure slice's row of `system` ("reference" for nanoserve's), or {}."""
+def azure_row(
+    rows: list[dict[str, Any]], system: str, workload: str = "azure_closed"
+) -> dict[str, Any]:
+    """`workload`'s row of `system` ("reference" for nanoserve's), or {}."""
     for r in rows:
-        if r["workload"] == "azure_closed" and (
+        if r["workload"] == workload and (
             is_reference(r) if system == "reference" else r["system"] == system
         ):
             return r
@@ -86,9 +113,15 @@ def targets(rows: list[dict[str, Any]], machine: Probe | None) -> list[tuple[str
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
 
+    chat = azure_row(rows, "reference", "chat48")
     values = [
         ref.get("ratio_vs_hf_static"),
         ref.get("ratio_vs_hf_cb"),
+        chat.get("ratio_vs_hf_static"),
+        chat.get("ratio_vs_hf_cb"),
+        m.outside_linears_big if m else None,
+        ratio(m.batch1_step_s, m.linears_b1_s) if m else None,
+        ratio(m.largest_batch_tps, m.largest_batch / m.linears_big_s) if m else None,
         m.host_share_b8 if m else None,
         ratio(m.paged_b8_s, m.dense_b8_s) if m else None,
         ratio(m.batch1_step_s, m.floor_s) if m else None,
@@ -102,13 +135,12 @@ def kernel_bounds(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str
     kernels, the same steps): the best any engine built on these kernels could reach. A bound
     short of the goal puts the goal out of reach of engine work on this machine."""
     out: dict[str, float] = {}
-    ref = azure_row(rows, "reference")
-    for peer in ("hf_static", "hf_cb"):
-        base = azure_row(rows, peer)
-        if ref.get("linear_alone_s") and base.get("wall_s"):
-            out[f"throughput vs {peer}, queued Azure slice"] = (
-                base["wall_s"] / ref["linear_alone_s"]
-            )
+    for workload, label in (("azure_closed", "queued Azure slice"), ("chat48", "48 chat prompts")):
+        ref = azure_row(rows, "reference", workload)
+        for peer in ("hf_static", "hf_cb"):
+            base = azure_row(rows, peer, workload)
+            if ref.get("linear_alone_s") and base.get("wall_s"):
+                out[f"throughput vs {peer}, {label}"] = base["wall_s"] / ref["linear_alone_s"]
     if machine is not None:
         m = machine
         out["batch-1 decode step vs bandwidth floor"] = m.linears_b1_s / m.floor_s
@@ -149,7 +181,7 @@ def machine_lines(m: Probe | None) -> list[str]:
     items = [
         ("threads", m.threads),
         ("memory bandwidth (read), GB/s", m.bandwidth_gbs),
-        ("fp32 matmul, GFLOP/s", m.matmul_gflops),
+        (f"{m.dtype} matmul, GFLOP/s", m.matmul_gflops),
         ("decode weights, MB / parameters", f"{m.weight_bytes / 1e6:.4g} / {m.weight_params}"),
         ("batch-1 decode step, ms", fmt(b1 and b1 * 1e3)),
         ("bandwidth floor (weights / bandwidth), ms", m.floor_s * 1e3),
@@ -165,6 +197,11 @@ def machine_lines(m: Probe | None) -> list[str]:
             f"{fmt(paged)} / {fmt(dense)}",
         ),
         ("batch-8 forward of plain HF (dense, stock Linear), ms", fmt(stock)),
+        (
+            f"batch-{m.largest_batch} decode step, ms",
+            fmt(m.largest_step_s and m.largest_step_s * 1e3),
+        ),
+        (f"outside the Linear layers at batch {m.largest_batch}, share", m.outside_linears_big),
         ("host overhead at batch 8, share of a step", m.host_share_b8),
     ]
     return ["| probe | value |", "|---|---|"] + [f"| {k} | {fmt(v)} |" for k, v in items]
@@ -195,21 +232,38 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) 
         )
 
 
-def write(
-    out: Path,
-    rows: list[dict[str, Any]],
-    machine: Probe | None,
-    header: dict[str, str],
-) -> tuple[Path, Path]:
+def across(passes: list[Pass]) -> list[tuple[str, float | None]]:
+    """The goals across dtypes: bf16's default job over fp32's, when both ran."""
+    by = {p.dtype: p.default_job_tps for p in passes}
+    f32, b16 = by.get("float32"), by.get("bfloat16")
+    return [("default job, bfloat16 vs float32 tokens/s", b16 / f32 if f32 and b16 else None)]
+
+
+def across_lines(passes: list[Pass]) -> list[str]:
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for name, value in across(passes):
+        goal, ok, unit = ACROSS[name]
+        met = "n/a" if value is None else ("met" if ok(value) else "not met")
+        lines.append(f"| {name} | {shown(value, unit)} | {goal} | {met} |")
+    jobs = ", ".join(f"{p.dtype} {fmt(p.default_job_tps)}" for p in passes if p.default_job_tps)
+    return lines + (["", f"Default job tokens/s (median of the repeats): {jobs}."] if jobs else [])
+
+
+def write(out: Path, passes: list[Pass], header: dict[str, str]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
+    rows = [r for p in passes for r in p.rows]
     write_csv(csv_path, COLUMNS, rows)
     lines = ["# nanoserve benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
-    lines += ["", "## Machine", "", *machine_lines(machine)]
-    lines += ["", "## Targets", "", *target_lines(rows, machine)]
-    lines += ["", "## Results", "", "Seconds; tokens/s and requests/s over the wall time."]
-    lines += result_lines(rows)
+    if len(passes) > 1 or any(p.default_job_tps for p in passes):
+        lines += ["", "## Across dtypes", "", *across_lines(passes)]
+    for p in passes:
+        lines += ["", f"## {p.dtype}: machine", "", *machine_lines(p.machine)]
+        lines += ["", f"## {p.dtype}: targets", "", *target_lines(p.rows, p.machine)]
+        lines += ["", f"## {p.dtype}: results", ""]
+        lines += ["Seconds; tokens/s and requests/s over the wall time."]
+        lines += result_lines(p.rows)
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
 
@@ -241,13 +295,34 @@ def log_mlflow(
         print(f"MLflow: logged run {run_id} to {store.uri}")
 
 
-def headline(rows: list[dict[str, Any]], machine: Probe | None) -> dict[str, float]:
-    named = targets(rows, machine)
-    out = {k.replace(" ", "_").replace(",", ""): v for k, v in named if v is not None}
-    for r in rows:
-        name = "/".join(x for x in (r["system"], r["scheduler"], r["allocator"], r["output"]) if x)
-        if r["tokens_per_s"] is not None:
-            out[f"{r['workload']}/{name}/tokens_per_s"] = r["tokens_per_s"]
-    if machine is not None:
-        out |= {k: v for k, v in dataclasses.asdict(machine).items() if v is not None}
+def headline(passes: list[Pass]) -> dict[str, float]:
+    """The MLflow metrics: each dtype's targets, tokens/s per system and probe values,
+    prefixed by the dtype; the goals across dtypes unprefixed."""
+    out: dict[str, float] = {}
+
+    def key(text: str) -> str:
+        return text.replace(" ", "_").replace(",", "")
+
+    for name, v in across(passes):
+        if v is not None:
+            out[key(name)] = v
+    for p in passes:
+        d = p.dtype
+        named = targets(p.rows, p.machine)
+        out |= {f"{d}/{key(k)}": v for k, v in named if v is not None}
+        if p.default_job_tps:
+            out[f"{d}/default_job/tokens_per_s"] = p.default_job_tps
+        for r in p.rows:
+            name = "/".join(
+                x for x in (r["system"], r["scheduler"], r["allocator"], r["output"]) if x
+            )
+            if r["tokens_per_s"] is not None:
+                out[f"{d}/{r['workload']}/{name}/tokens_per_s"] = r["tokens_per_s"]
+        if p.machine is not None:
+            probe = dataclasses.asdict(p.machine)
+            out |= {
+                f"{d}/{k}": v
+                for k, v in probe.items()
+                if isinstance(v, int | float) and v is not None
+            }
     return out

@@ -4,13 +4,13 @@ how close the engine's decode steps come to it.
 - memory bandwidth: the best of a few timed reductions (`sum`) over a large fp32 tensor,
   in GB/s read: a decode step at batch 1 must read every weight once, so
   floor = weight bytes / bandwidth is the fastest a batch-1 step can be;
-- matmul rate: the best of a few square fp32 matmuls, in GFLOP/s: a token costs about
-  2 x (weights) FLOPs, so ceiling = rate / (2 x weights) tokens/s bounds any batch;
+- matmul rate: the best of a few square matmuls in the run's dtype, in GFLOP/s: a token
+  costs about 2 x (weights) FLOPs, so ceiling = rate / (2 x weights) tokens/s bounds any batch;
 - the Linear layers alone: every `nn.Linear` of the model, in order, as the engine runs it
-  (packed oneDNN on CPU fp32), on 1 row and on the largest batch's rows, weights cache-cold
-  as in a step. No engine can run a decode step faster than its Linear kernels read and
-  multiply the weights, so these say how much of each gap is the kernels' and how much the
-  engine's (attention, norms, host work);
+  (packed oneDNN or stock, as chosen on this machine), on 1 row and on the largest batch's
+  rows, weights cache-cold as in a step. No engine can run a decode step faster than its
+  Linear kernels read and multiply the weights, so these say how much of each gap is the
+  kernels' and how much the engine's (attention, norms, host work);
 - the engine's decode steps: one request (batch 1, whole step: host work included), the
   largest batch (`max_num_seqs` identical requests, tokens/s over the steps where every row
   decodes), and batch 8, whose steps give the host overhead at batch 8 and the paged forward
@@ -42,7 +42,8 @@ from framework.engine.request import RequestSpec
 
 @dataclass
 class Probe:
-    """The machine section of the benchmark (seconds, GB/s, GFLOP/s, tokens/s)."""
+    """The machine section of the benchmark (seconds, GB/s, GFLOP/s, tokens/s), in one dtype
+    (the matmul rate and the Linear layers are timed in the model's own)."""
 
     threads: int
     bandwidth_gbs: float
@@ -60,6 +61,20 @@ class Probe:
     paged_b8_s: float | None
     dense_b8_s: float | None  # dense attention, the engine's Linear layers
     stock_b8_s: float | None  # plain Hugging Face: dense attention, PyTorch's stock Linear
+    dtype: str = "float32"
+
+    @property
+    def largest_step_s(self) -> float | None:
+        """One decode step of the largest batch (every row decoding), whole."""
+        tps = self.largest_batch_tps
+        return self.largest_batch / tps if tps else None
+
+    @property
+    def outside_linears_big(self) -> float | None:
+        """The share of a largest-batch decode step spent outside the Linear layers
+        (attention, norms, rotary, activations, sampling, host work)."""
+        step = self.largest_step_s
+        return 1.0 - self.linears_big_s / step if step else None
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -102,13 +117,13 @@ def memory_bandwidth(mb: int, repeats: int, device: torch.device) -> float:
     return x.numel() * 4 / s / 1e9
 
 
-def matmul_rate(n: int, repeats: int, device: torch.device) -> float:
-    """GFLOP/s of an `n` x `n` fp32 matmul (2 n^3 FLOPs): the faster of PyTorch's stock
+def matmul_rate(n: int, repeats: int, device: torch.device, dtype: torch.dtype) -> float:
+    """GFLOP/s of an `n` x `n` matmul in `dtype` (2 n^3 FLOPs): the faster of PyTorch's stock
     matmul and, on a CPU with oneDNN, oneDNN's linear on a prepacked weight (the kernel the
-    engine runs, framework/executors/packed_linear.py), so the ceiling is the machine's, not one
-    library's."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    engine may run, framework/executors/packed_linear.py), so the ceiling is the machine's,
+    not one library's."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
     s = best_time(lambda: a @ b, repeats, device)
     if device.type == "cpu" and torch.backends.mkldnn.is_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
@@ -124,13 +139,13 @@ def linear_pass_s(model: Any, rows: int, repeats: int, head_rows: int | None = N
     random rows (the head on `head_rows`, as a step keeps only each row's last position).
     The whole pass reads more than any cache holds, so each weight is read cold, as in a
     decode step."""
-    device = model.device
+    device, dtype = model.device, model.dtype
     head = model.get_output_embeddings()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = {}
     for m in linears:
         n = head_rows if m is head and head_rows is not None else rows
-        inputs[m] = torch.randn(n, m.in_features, device=device)
+        inputs[m] = torch.randn(n, m.in_features, device=device).to(dtype)
     return best_time(lambda: [m(inputs[m]) for m in linears], repeats, device)
 
 
@@ -226,7 +241,7 @@ def probe(
     engine and returns (requests, steps)."""
     device = model.device
     bandwidth = memory_bandwidth(mb, repeats, device)
-    gflops = matmul_rate(matmul_n, repeats, device)
+    gflops = matmul_rate(matmul_n, repeats, device, model.dtype)
     size, n = decode_weights(model)
     _, one = run_same(1)
     _, big = run_same(max_batch)
@@ -255,4 +270,5 @@ def probe(
         paged_b8_s=median([st.phase_s.get("forward", 0.0) for st in at8]),
         dense_b8_s=dense,
         stock_b8_s=stock,
+        dtype=str(model.dtype).removeprefix("torch."),
     )

@@ -37,6 +37,8 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
             "1",
             "--repeats",
             "2",
+            "--dtypes",
+            "float32,bfloat16",
             "--out",
             str(tmp_path),
         ]
@@ -54,7 +56,11 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
     got = [
         ((r["system"], r["scheduler"], r["allocator"], r["output"]), r["workload"]) for r in rows
     ]
-    assert sorted(got) == sorted(itertools.product(systems, workloads))
+    got = [(*g, r["dtype"]) for g, r in zip(got, rows, strict=True)]
+    dtypes = ("float32", "bfloat16")
+    assert sorted(got) == sorted(
+        (s, w, d) for s, w, d in itertools.product(systems, workloads, dtypes)
+    )
     for r in rows:
         assert r["outputs_equal"] == "True", r
         assert r["tokens_per_s"] and r["ttft_p50"], r  # reported (values not checked)
@@ -66,14 +72,18 @@ def test_benchmark_runs_on_the_tiny_model(tmp_path: Path, capsys: pytest.Capture
         assert ("median of 2 runs" in r["note"]) == (r["scheduler"] != "static"), r
 
     md = (out / "benchmark.md").read_text()
-    for name in benchmark_report.TARGETS:
+    for name in (*benchmark_report.TARGETS, *benchmark_report.ACROSS):
         assert f"| {name} | " in md, name
     # The machine targets come with what the Linear kernels alone reach (values not checked).
     assert "| the Linear layers alone |" in md and "| the Linear layers alone at batch 1" in md
-    for section in ("## Machine", "## Targets", *(f"### {w}" for w in workloads)):
+    sections = [f"## {d}: {part}" for d in dtypes for part in ("machine", "targets", "results")]
+    for section in ("## Across dtypes", *sections, *(f"### {w}" for w in workloads)):
         assert section in md
     if has_trace:  # the throughput targets are measured on the queued Azure slice
         assert "not measured" not in md
+    # Which CPU, which flags, and which kernels each dtype got (and why) are in the header.
+    assert "ISA " in md and "- kernels (float32): linears " in md
+    assert "- kernels (bfloat16): linears " in md and "measured" in md
     assert "MLflow: logged run" in capsys.readouterr().out
 
 
