@@ -430,29 +430,47 @@ def benchmark(
                 run_nanoserve(ctx, REFERENCE, first)
                 warmed = warmed or workload.startswith("azure")
             rows += serve_workload(ctx, args, workload, specs, tick)
-        job = default_job(ctx, args.repeats) if args.default_job else None
-        if job is not None:
-            tick(f"default job     {job:.4g} tokens/s")
     for r in rows:
         r["dtype"] = cfg.dtype
     add_ratios(rows)
-    return rows, machine, rate_note, job
+    return rows, machine, rate_note, None
 
 
-def default_job(ctx: Context, repeats: int) -> float | None:
-    """Tokens/s of the default job (`python run.py` with this dtype: the chat prompts, EOS
-    honoured, invariant checks on): the median of `repeats` runs, kept tokens over wall time.
-    Its outputs end where each dtype's model puts EOS, so two dtypes' runs may generate
-    different counts; tokens/s compares them."""
-    cfg = compose_cfg([*ctx.overrides, "engine.check_invariants=true"])
-    specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), ctx.tok)
-    rates = []
-    for _ in range(repeats):
-        engine = build_engine(cfg, ctx.model, ctx.device, ctx.dtype, NullHooks())
-        result = engine.run(specs, ctx.tok.eos_token_id)
-        s = summarize(result)
-        rates.append(s["tokens_kept"] / s["makespan_s"] if s["makespan_s"] else 0.0)
-    return float(np.median(rates)) if rates else None
+def default_jobs(
+    overrides: list[str], dtypes: list[str], repeats: int
+) -> tuple[dict[str, float], list[float]]:
+    """Tokens/s of the default job (`python run.py` in each dtype: the chat prompts, EOS
+    honoured, invariant checks on), each dtype's model loaded once, in `repeats` rounds that
+    alternate the order, so that the ratio between dtypes is taken minutes apart rather than
+    a whole benchmark pass apart. Returns each dtype's median tokens/s and, with two dtypes,
+    each round's ratio of the second to the first. Outputs end where each model puts EOS, so
+    the dtypes may generate different counts; tokens/s compares them."""
+    jobs = []
+    for dt in dtypes:
+        kept = [o for o in overrides if not o.startswith("dtype=")]
+        cfg = compose_cfg([*kept, f"dtype={dt}", "engine.check_invariants=true"])
+        model, tok, device, dtype = load(cfg)
+        specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tok)
+        jobs.append((dt, cfg, model, tok, device, dtype, specs))
+
+    def rate(job: tuple[Any, ...]) -> float:
+        _, cfg, model, tok, device, dtype, specs = job
+        engine = build_engine(cfg, model, device, dtype, NullHooks())
+        s = summarize(engine.run(specs, tok.eos_token_id))
+        return s["tokens_kept"] / s["makespan_s"] if s["makespan_s"] else 0.0
+
+    for job in jobs:  # untimed: kernels chosen, oneDNN's shapes prepared
+        rate(job)
+    rates: dict[str, list[float]] = {dt: [] for dt in dtypes}
+    ratios = []
+    for r in range(repeats):
+        order = jobs if r % 2 == 0 else jobs[::-1]
+        got = {job[0]: rate(job) for job in order}
+        for dt, v in got.items():
+            rates[dt].append(v)
+        if len(dtypes) == 2 and got[dtypes[0]]:
+            ratios.append(got[dtypes[1]] / got[dtypes[0]])
+    return {dt: float(np.median(v)) for dt, v in rates.items()}, ratios
 
 
 def open_rate(
@@ -554,11 +572,17 @@ def main(argv: list[str] | None = None) -> Path:
     torch.set_num_threads(args.threads or compose_cfg(overrides).threads or threads)
     t0, load_start = time.perf_counter(), os.getloadavg()[0]  # other jobs skew every time
     passes: list[Pass] = []
+    ratios: list[float] = []
     try:
-        for dt in dtypes_to_run(args, overrides):
+        dtypes = dtypes_to_run(args, overrides)
+        for dt in dtypes:
             over = [*(o for o in overrides if not o.startswith("dtype=")), f"dtype={dt}"]
-            rows, machine, rate_note, job = benchmark(args, over)
-            passes.append(Pass(dt, rows, machine, rate_note, job, KERNELS.get(dt, {})))
+            rows, machine, rate_note, _ = benchmark(args, over)
+            passes.append(Pass(dt, rows, machine, rate_note, None, KERNELS.get(dt, {})))
+        if args.default_job:
+            jobs, ratios = default_jobs(overrides, dtypes, args.repeats)
+            for p in passes:
+                p.default_job_tps = jobs.get(p.dtype)
         threads_used = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)  # a caller in the same process keeps its setting
@@ -584,9 +608,9 @@ def main(argv: list[str] | None = None) -> Path:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "benchmark wall time": f"{time.perf_counter() - t0:.1f} s",
     }
-    files = write(args.out, passes, header)
+    files = write(args.out, passes, header, ratios)
     print(files[1].read_text())
-    log_mlflow(cfg, args, files, headline(passes))
+    log_mlflow(cfg, args, files, headline(passes, ratios))
     print(f"results in {args.out}")
     return args.out
 

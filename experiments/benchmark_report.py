@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,24 +233,34 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) 
         )
 
 
-def across(passes: list[Pass]) -> list[tuple[str, float | None]]:
-    """The goals across dtypes: bf16's default job over fp32's, when both ran."""
-    by = {p.dtype: p.default_job_tps for p in passes}
-    f32, b16 = by.get("float32"), by.get("bfloat16")
-    return [("default job, bfloat16 vs float32 tokens/s", b16 / f32 if f32 and b16 else None)]
+def across(passes: list[Pass], ratios: list[float]) -> list[tuple[str, float | None]]:
+    """The goals across dtypes: bf16's default job over fp32's (the median of the rounds'
+    ratios, each round running both), when both ran in that order."""
+    pair = [p.dtype for p in passes] == ["float32", "bfloat16"]
+    return [
+        (
+            "default job, bfloat16 vs float32 tokens/s",
+            float(statistics.median(ratios)) if pair and ratios else None,
+        )
+    ]
 
 
-def across_lines(passes: list[Pass]) -> list[str]:
+def across_lines(passes: list[Pass], ratios: list[float]) -> list[str]:
     lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
-    for name, value in across(passes):
+    for name, value in across(passes, ratios):
         goal, ok, unit = ACROSS[name]
         met = "n/a" if value is None else ("met" if ok(value) else "not met")
         lines.append(f"| {name} | {shown(value, unit)} | {goal} | {met} |")
     jobs = ", ".join(f"{p.dtype} {fmt(p.default_job_tps)}" for p in passes if p.default_job_tps)
-    return lines + (["", f"Default job tokens/s (median of the repeats): {jobs}."] if jobs else [])
+    if jobs:
+        spread = f" (rounds: {', '.join(f'{r:.3g}x' for r in ratios)})" if ratios else ""
+        lines += ["", f"Default job tokens/s, median of alternating rounds: {jobs}{spread}."]
+    return lines
 
 
-def write(out: Path, passes: list[Pass], header: dict[str, str]) -> tuple[Path, Path]:
+def write(
+    out: Path, passes: list[Pass], header: dict[str, str], ratios: list[float] | None = None
+) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
     rows = [r for p in passes for r in p.rows]
@@ -257,7 +268,7 @@ def write(out: Path, passes: list[Pass], header: dict[str, str]) -> tuple[Path, 
     lines = ["# nanoserve benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
     if len(passes) > 1 or any(p.default_job_tps for p in passes):
-        lines += ["", "## Across dtypes", "", *across_lines(passes)]
+        lines += ["", "## Across dtypes", "", *across_lines(passes, ratios or [])]
     for p in passes:
         lines += ["", f"## {p.dtype}: machine", "", *machine_lines(p.machine)]
         lines += ["", f"## {p.dtype}: targets", "", *target_lines(p.rows, p.machine)]
@@ -295,7 +306,7 @@ def log_mlflow(
         print(f"MLflow: logged run {run_id} to {store.uri}")
 
 
-def headline(passes: list[Pass]) -> dict[str, float]:
+def headline(passes: list[Pass], ratios: list[float] | None = None) -> dict[str, float]:
     """The MLflow metrics: each dtype's targets, tokens/s per system and probe values,
     prefixed by the dtype; the goals across dtypes unprefixed."""
     out: dict[str, float] = {}
@@ -303,7 +314,7 @@ def headline(passes: list[Pass]) -> dict[str, float]:
     def key(text: str) -> str:
         return text.replace(" ", "_").replace(",", "")
 
-    for name, v in across(passes):
+    for name, v in across(passes, ratios or []):
         if v is not None:
             out[key(name)] = v
     for p in passes:

@@ -1,6 +1,6 @@
 """bfloat16 as a first-class dtype on CPU: SmolLM2's greedy output in bf16 equals Hugging
 Face `generate` in bf16 (never fp32), under the bf16 tie rule (`framework.run.greedy_check`:
-two units in the last place of the logit; every accepted tie is printed), for every
+four units in the last place of the largest logit; every accepted tie is printed), for every
 scheduler x allocator, through the kernels this machine chose (packed or stock Linear layers,
 the paged decode kernel or gather + SDPA). Marked slow; CI runs it.
 

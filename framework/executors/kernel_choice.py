@@ -31,7 +31,8 @@ from framework.executors.packed_linear import PACKED, can_pack, pack_linears, un
 
 AUTO = "auto"
 ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds counts
-LINEAR_ROWS = (1, 16, 128)  # a lone decode row, a decode batch, a prefill's worth
+LINEAR_ROWS = (1, 16, 64)  # a lone decode row, a decode batch, a large batch or a prompt
+REPEAT = 5  # calls per timed round of a short kernel (a layer's attention is ~1 ms)
 MARGIN = 0.97  # packing holds every weight twice: it must win by more than noise
 
 
@@ -61,17 +62,22 @@ def setting(value: Any, key: str) -> bool | None:
     )
 
 
-def best_of(fns: dict[str, Callable[[], Any]], rounds: int = ROUNDS) -> dict[str, float]:
-    """Each function's best seconds over `rounds` alternating rounds, after one untimed call
-    each (first-call setup: oneDNN primitives, allocator pools)."""
+def best_of(
+    fns: dict[str, Callable[[], Any]], rounds: int = ROUNDS, repeat: int = 1
+) -> dict[str, float]:
+    """Each function's best seconds per call over `rounds` alternating rounds of `repeat`
+    calls, after one untimed call each (first-call setup: oneDNN primitives, allocator
+    pools). The order alternates (A B, B A, ...), so neither side always runs first."""
     for fn in fns.values():
         fn()
     best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
             t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+            for _ in range(repeat):
+                fns[name]()
+            best[name] = min(best[name], (time.perf_counter() - t) / repeat)
     return best
 
 
@@ -170,7 +176,9 @@ def _measured_decode(
         {
             "kernel": lambda: paged_decode(q, k, v, blocks, lens, block_size, scale, None),
             "sdpa": lambda: sdpa_decode(q.unsqueeze(2), k, v, blocks, block_size, mask, scale),
-        }
+        },
+        rounds=5,
+        repeat=REPEAT,
     )
     why = (
         f"kernel {1e3 * t['kernel']:.3g} ms, gather + SDPA {1e3 * t['sdpa']:.3g} ms per layer "

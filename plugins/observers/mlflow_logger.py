@@ -129,10 +129,11 @@ class MlflowLogger:
         if self.run_id is not None:
             if error is not None:
                 self.store.set_tags(self.run_id, {"nanoserve.error": repr(error)})
-            # A simulated run says what predicted its seconds (an analytic profile, say).
+            # A simulated run says what predicted its seconds (an analytic profile, say); a
+            # real one which kernels this machine got, and how they were chosen.
             said = {
                 f"nanoserve.{k}": str(summary[k])
-                for k in ("clock", "cost_model", "profile")
+                for k in ("clock", "cost_model", "profile", "linears", "decode_attention")
                 if k in summary
             }
             if said:
