@@ -62,19 +62,16 @@ class Probe:
     dense_b8_s: float | None  # dense attention, the engine's Linear layers
     stock_b8_s: float | None  # plain Hugging Face: dense attention, PyTorch's stock Linear
     dtype: str = "float32"
+    # The share of the largest batch's decode steps spent outside the Linear layers
+    # (attention, norms, rotary, activations, sampling, host work), the Linear layers timed
+    # inside those very steps (`LinearClock`).
+    outside_linears_big: float | None = None
 
     @property
     def largest_step_s(self) -> float | None:
         """One decode step of the largest batch (every row decoding), whole."""
         tps = self.largest_batch_tps
         return self.largest_batch / tps if tps else None
-
-    @property
-    def outside_linears_big(self) -> float | None:
-        """The share of a largest-batch decode step spent outside the Linear layers
-        (attention, norms, rotary, activations, sampling, host work)."""
-        step = self.largest_step_s
-        return 1.0 - self.linears_big_s / step if step else None
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -165,6 +162,41 @@ def linears_alone_s(model: Any, steps: list[StepStats], repeats: int = 1) -> flo
     return total
 
 
+class LinearClock:
+    """Seconds spent inside the model's `nn.Linear` layers during the forwards of `rows`
+    query tokens (decode steps of that many rows), timed in place by forward hooks: the
+    share of a real step that is the Linear layers, without a separate pass whose weights,
+    inputs or machine speed differ from the step's. (CPU: a layer's call returns when its
+    work is done.)"""
+
+    def __init__(self, model: Any, rows: int) -> None:
+        self.model, self.rows, self.seconds, self.on = model, rows, 0.0, False
+        self._t = 0.0
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> LinearClock:
+        def step(_m: Any, args: Any, kwargs: Any) -> None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.on = ids is not None and ids.numel() == self.rows
+
+        def pre(_m: Any, _args: Any) -> None:
+            self._t = time.perf_counter()
+
+        def post(_m: Any, _args: Any, _out: Any) -> None:
+            if self.on:
+                self.seconds += time.perf_counter() - self._t
+
+        self._handles.append(self.model.register_forward_pre_hook(step, with_kwargs=True))
+        for m in self.model.modules():
+            if isinstance(m, torch.nn.Linear):
+                self._handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 def decode_weights(model: Any) -> tuple[int, int]:
     """(bytes, parameters) of the weights one decode step multiplies (see the module)."""
     params = list(model.parameters())
@@ -244,11 +276,14 @@ def probe(
     gflops = matmul_rate(matmul_n, repeats, device, model.dtype)
     size, n = decode_weights(model)
     _, one = run_same(1)
-    _, big = run_same(max_batch)
+    with LinearClock(model, max_batch) as clock:
+        _, big = run_same(max_batch)
     specs8, eight = run_same(8)
     b1 = median([step_wall(st) for st in decode_steps(one, 1)])
     full = decode_steps(big, max_batch)
     big_tps = median([max_batch / step_wall(st) for st in full])
+    in_steps = sum(step_wall(st) for st in full)
+    outside = 1.0 - clock.seconds / in_steps if in_steps and clock.seconds else None
     at8 = decode_steps(eight, 8)
     prompts8 = [s.prompt_token_ids for s in specs8]
     dense = dense_decode_s(model, prompts8, len(at8), stock=False)
@@ -271,4 +306,5 @@ def probe(
         dense_b8_s=dense,
         stock_b8_s=stock,
         dtype=str(model.dtype).removeprefix("torch."),
+        outside_linears_big=outside,
     )
