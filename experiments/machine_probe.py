@@ -66,6 +66,9 @@ class Probe:
     # (attention, norms, rotary, activations, sampling, host work), the Linear layers timed
     # inside those very steps (`LinearClock`).
     outside_linears_big: float | None = None
+    # The Linear layers' seconds inside each batch-1 decode step, timed in place: the step
+    # against these is the step against its own kernels (`linears_b1_s` is a separate pass).
+    linears_in_b1_step_s: float | None = None
 
     @property
     def largest_step_s(self) -> float | None:
@@ -275,11 +278,14 @@ def probe(
     bandwidth = memory_bandwidth(mb, repeats, device)
     gflops = matmul_rate(matmul_n, repeats, device, model.dtype)
     size, n = decode_weights(model)
-    _, one = run_same(1)
+    with LinearClock(model, 1) as clock1:
+        _, one = run_same(1)
     with LinearClock(model, max_batch) as clock:
         _, big = run_same(max_batch)
     specs8, eight = run_same(8)
     b1 = median([step_wall(st) for st in decode_steps(one, 1)])
+    solo = sum(step_wall(st) for st in decode_steps(one, 1))
+    b1_linear = clock1.seconds / len(decode_steps(one, 1)) if solo and clock1.seconds else None
     full = decode_steps(big, max_batch)
     big_tps = median([max_batch / step_wall(st) for st in full])
     in_steps = sum(step_wall(st) for st in full)
@@ -307,4 +313,5 @@ def probe(
         stock_b8_s=stock,
         dtype=str(model.dtype).removeprefix("torch."),
         outside_linears_big=outside,
+        linears_in_b1_step_s=b1_linear,
     )
