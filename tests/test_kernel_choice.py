@@ -51,15 +51,17 @@ def test_linears_follow_the_measurement(
     fresh: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, times: dict[str, float], use: bool
 ) -> None:
     monkeypatch.setattr(kc, "_linear_times", lambda model: times)
-    kc._measured_linears.cache_clear()
+    monkeypatch.setattr(kc, "_LINEARS", {})
     choice = kc.choose_linears(fresh, "auto")
     assert (choice.use, choice.how) == (use, "measured")
     assert packed(fresh) is use  # the model is left as chosen
     assert choice.why.startswith(f"packed {1e3 * times['packed']:.3g} ms, stock ")
 
 
-def test_linears_set_and_kept_per_model(fresh: torch.nn.Module) -> None:
-    kc._measured_linears.cache_clear()
+def test_linears_set_and_kept_per_shape(
+    fresh: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kc, "_LINEARS", {})
     auto = kc.choose_linears(fresh, "auto")
     assert auto.how == "measured" and "stock" in auto.why and packed(fresh) is auto.use
     assert kc.choose_linears(fresh, False) == kc.Choice(False, "set", "") and not packed(fresh)
@@ -67,6 +69,10 @@ def test_linears_set_and_kept_per_model(fresh: torch.nn.Module) -> None:
     kc.choose_linears(fresh, False)
     again = kc.choose_linears(fresh, "auto")  # the kept measurement, applied to the model again
     assert again == auto and packed(fresh) is auto.use
+    # Another model object of the same shape gets the same answer without a new measurement.
+    monkeypatch.setattr(kc, "_linear_times", lambda model: pytest.fail("measured again"))
+    other, _ = load_model("tiny", None, None, torch.float32, CPU, TinySpec())
+    assert kc.choose_linears(other, "auto") == auto and packed(other) is auto.use
 
 
 def test_linears_unavailable_off_cpu_dtypes() -> None:

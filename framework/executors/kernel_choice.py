@@ -115,16 +115,30 @@ def choose_linears(model: nn.Module, value: Any) -> Choice:
     if want is not None:
         pack_linears(model) if want else unpack_linears(model)
         return Choice(want, "set", "")
-    choice = _measured_linears(model, torch.get_num_threads())
-    # Kept per model: another engine may have packed or unpacked it since.
+    key = (_shape(model), next(model.parameters()).dtype, torch.get_num_threads())
+    choice = _LINEARS.get(key)
+    if choice is None:
+        pack_linears(model)
+        choice = _LINEARS[key] = _measured_linears(_linear_times(model))
+    # Applied to this model object: another engine may have packed or unpacked it since.
     pack_linears(model) if choice.use else unpack_linears(model)
     return choice
 
 
-@functools.lru_cache(maxsize=16)  # per model object and thread count; the model outlives runs
-def _measured_linears(model: nn.Module, threads: int) -> Choice:
-    pack_linears(model)
-    t = _linear_times(model)
+# Measured once per process for each model shape x dtype x thread count: the answer depends on
+# the layers' shapes, not on which object holds them (tests and sweeps load many of one shape).
+_LINEARS: dict[tuple[Any, ...], Choice] = {}
+
+
+def _shape(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """The model's Linear layers' (in, out) features, in order: what their timing depends on."""
+    return tuple(
+        (m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)
+    )
+
+
+def _measured_linears(t: dict[str, float]) -> Choice:
+    """The rule on measured seconds: pack only for a clear win."""
     use = t["packed"] < MARGIN * t["stock"]
     rows = "/".join(map(str, LINEAR_ROWS))
     why = f"packed {1e3 * t['packed']:.3g} ms, stock {1e3 * t['stock']:.3g} ms a pass"
