@@ -38,7 +38,6 @@ COMBOS += [("chunked", "incremental", ("scheduler.chunk_size=7",))]
 
 @pytest.fixture(scope="module")
 def bf16():
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_model("smollm2", None, None, torch.bfloat16, torch.device("cpu"))
     specs = build_workload({"kind": "chat", "limit": 8, "max_tokens": NEW}, tok)
     specs = [
