@@ -22,7 +22,7 @@ from framework.workloads import build_workload
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
 pytestmark = pytest.mark.slow
-NEW = 40
+NEW = 24  # fewer than the fp32 test's 40: this file runs 20 cases, and CI has a budget
 NATIVE = isa_flags()["avx512_bf16"] or isa_flags()["amx_bf16"]
 SCHEDULERS = ("static", "continuous", "sjf", "priority", "chunked", "lpm")
 ALLOCATORS = ("worst_case", "incremental", "prefix_cache")
