@@ -98,9 +98,6 @@ QUICK = {"requests": 6, "max_prompt": 24, "max_output": 8, "probe_mb": 16}
 QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4, "repeats": 1}
 
 
-KERNELS: dict[str, dict[str, str]] = {}  # dtype -> what the executor chose, as it says
-
-
 class NullHooks:
     """The engine's hooks, doing nothing: no observer costs a measured step anything."""
 
@@ -373,9 +370,9 @@ def serve_workload(
 
 def benchmark(
     args: argparse.Namespace, overrides: list[str]
-) -> tuple[list[dict[str, Any]], Probe | None, str, float | None]:
+) -> tuple[list[dict[str, Any]], Probe | None, str, dict[str, str]]:
     """One dtype's rows, its machine probe, how the open-loop rate was chosen, and the
-    default job's tokens/s."""
+    kernels the executor chose on this machine (as its `describe()` says)."""
     cfg = compose_cfg(overrides)
     for _, combo in plan(args):  # a misspelt policy fails now, not after the model loads
         if combo:
@@ -384,8 +381,8 @@ def benchmark(
     model, tok, device, dtype = load(cfg)
     ctx = Context(cfg, overrides, model, tok, device, dtype)
     # The kernels this machine gets for this model and dtype (measured once, then kept).
-    kernels = build_engine(combo_cfg(overrides, REFERENCE), model, device, dtype, NullHooks())
-    KERNELS[cfg.dtype] = kernels.executor.describe()
+    chosen = build_engine(combo_cfg(overrides, REFERENCE), model, device, dtype, NullHooks())
+    kernels = chosen.executor.describe()
     total = len(args.workloads) * len(plan(args)) + int(not args.no_probe)
     rows: list[dict[str, Any]] = []
     machine, rate_note = None, ""
@@ -433,7 +430,7 @@ def benchmark(
     for r in rows:
         r["dtype"] = cfg.dtype
     add_ratios(rows)
-    return rows, machine, rate_note, None
+    return rows, machine, rate_note, kernels
 
 
 def default_jobs(
@@ -577,8 +574,8 @@ def main(argv: list[str] | None = None) -> Path:
         dtypes = dtypes_to_run(args, overrides)
         for dt in dtypes:
             over = [*(o for o in overrides if not o.startswith("dtype=")), f"dtype={dt}"]
-            rows, machine, rate_note, _ = benchmark(args, over)
-            passes.append(Pass(dt, rows, machine, rate_note, None, KERNELS.get(dt, {})))
+            rows, machine, rate_note, kernels = benchmark(args, over)
+            passes.append(Pass(dt, rows, machine, rate_note, None, kernels))
         if args.default_job:
             jobs, ratios = default_jobs(overrides, dtypes, args.repeats)
             for p in passes:
