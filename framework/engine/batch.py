@@ -21,7 +21,9 @@ class Row:
     seq_id: str
     token_ids: list[int]  # this step's query tokens: a whole prompt (prefill) or one (decode)
     start_pos: int  # position of token_ids[0] in the sequence
-    slots: list[int]  # cache slot written for each query token
+    # Cache slot written for each query token; a prefill row's is empty when the executor
+    # reads shapes only (`reads_slots = False`: the simulator).
+    slots: list[int]
     block_table: list[int]  # the row's blocks; positions 0..ctx_len-1 are read through it
     ctx_len: int  # positions the row attends to (its new tokens included, unless discarded)
     sampling: SamplingParams

@@ -29,6 +29,12 @@ class ExecResult:
 
 
 class Executor(Protocol):
-    """Runs one step: every row of `batch` through the model, one token sampled per row."""
+    """Runs one step: every row of `batch` through the model, one token sampled per row.
+
+    An executor may also set `reads_slots = False`: it reads the rows' shapes only (token
+    counts, positions, contexts, block tables), never `Row.slots`, so the engine leaves a
+    prefill row's slot list empty instead of mapping every prompt position to its cache
+    slot. It still checks that each row's block table covers what the step writes.
+    """
 
     def execute(self, batch: StepBatch) -> ExecResult: ...

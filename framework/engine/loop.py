@@ -118,6 +118,9 @@ class Engine:
         clock: Clock | None = None,
     ) -> None:
         self.executor = executor
+        # A prompt's cache slots are a list as long as the prompt; an executor that reads the
+        # rows' shapes only (the simulator) says so, and the engine skips mapping them.
+        self._map_slots = getattr(executor, "reads_slots", True)
         self.pool = pool
         self.scratch_block = scratch_block
         self.p = policies
@@ -667,6 +670,7 @@ class Engine:
         newest = self.held[-1] if self.held else None
         from_device = newest is not None and newest.rows == self.running
         chunks = self._chunks
+        map_slots = self._map_slots
         rows: list[Row] = []
         num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
         try:
@@ -719,7 +723,13 @@ class Engine:
                         tokens = seq.tokens_from(start)
                     else:
                         tokens = seq.tokens_between(start, start + n)
-                    slots = self._slots(table, start, start + len(tokens))
+                    end = start + len(tokens)
+                    if map_slots:
+                        slots = self._slots(table, start, end)
+                    elif (end - 1) // bs >= len(table):  # the check `_slots` makes, alone
+                        raise IndexError(f"block {(end - 1) // bs} of a {len(table)}-block table")
+                    else:
+                        slots = []  # an executor that reads shapes only: nothing to map
                 q = len(tokens)
                 end = start + q
                 samples = end == total_len

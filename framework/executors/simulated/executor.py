@@ -15,6 +15,9 @@ from framework.executors.simulated.tokens import TokenStreams
 
 
 class SimulatedExecutor:
+    # Predicts from shapes: a prompt's cache slots (a list as long as the prompt) go unread.
+    reads_slots = False
+
     def __init__(self, cost: CostModel, tokens: TokenStreams, profile: str = "") -> None:
         self.cost = cost
         self.tokens = tokens
