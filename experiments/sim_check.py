@@ -267,6 +267,7 @@ class FeatureRecorder:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self.reads_slots = getattr(inner, "reads_slots", True)
         self.features: list[StepFeatures] = []
 
     def describe(self) -> dict[str, str]:
@@ -278,11 +279,17 @@ class FeatureRecorder:
 
 
 def serve_sim(
-    setup: Setup, case: Case, specs: list[RequestSpec], replay: dict[str, list[int]] | None
+    setup: Setup,
+    case: Case,
+    specs: list[RequestSpec],
+    replay: dict[str, list[int]] | None,
+    speed: float = 1.0,
 ) -> tuple[RunResult, list[StepFeatures]]:
-    """The simulated engine of the same config, and each step's features; with `replay`, the
-    given tokens by request."""
+    """The simulated engine of the same config (at `executor.speed=speed`), and each step's
+    features; with `replay`, the given tokens by request."""
     cfg = setup.sim_cfg(case)
+    if speed != 1:
+        cfg.executor.speed = speed
     engine = build_engine(cfg, setup.shape, torch.device("cpu"), setup.ctx.dtype, NullHooks())
     if replay is not None:
         x = cfg.executor
@@ -373,12 +380,13 @@ def rounds(
     runs: list[Runs],
     args: argparse.Namespace,
     tick: Callable[[str], None],
-) -> None:
+) -> float:
     """Every case's real runs, the order reversed each round, then each case's simulation
-    (replaying its first real run's tokens). A real run during which other processes took
-    more than `--max-foreign` of the CPUs, or after which the canary was more than
-    `--max-slow` above the quiet one, is run again once, after waiting (up to `--max-wait`
-    seconds) for the machine to quieten, and the less disturbed of the two is kept."""
+    (replaying its first real run's tokens); the simulated machine's speed it used. A real
+    run during which other processes took more than `--max-foreign` of the CPUs, or after
+    which the canary was more than `--max-slow` above the quiet one, is run again once, after
+    waiting (up to `--max-wait` seconds) for the machine to quieten, and the less disturbed
+    of the two is kept."""
     bounds = (args.max_foreign, args.max_slow)
     for rnd in range(args.repeats):
         order = runs if rnd % 2 == 0 else runs[::-1]
@@ -396,10 +404,22 @@ def rounds(
                 f"real {rnd + 1}/{args.repeats}  {r.case.name:48s} {makespan(got.result):8.3f} s"
                 f"  others' CPU {got.foreign:4.0%}  canary {got.slow:+4.0%}"
             )
+    speed = sim_speed(args.speed, [s for r in runs for s in r.slow])
     for r in runs:
         replay = {s.id: list(s.output_token_ids) for s in r.real[0].seqs}
-        r.sim, r.features = serve_sim(machine.setup, r.case, r.specs, replay)
+        r.sim, r.features = serve_sim(machine.setup, r.case, r.specs, replay, speed)
         tick(f"sim         {r.case.name:48s} {makespan(r.sim):8.3f} s")
+    return speed
+
+
+def sim_speed(asked: str, slowdowns: list[float]) -> float:
+    """`--speed`: a number, or `auto`: the quiet canary over the median canary after the
+    kept real runs being simulated (1 / (1 + their median slowdown)). One scalar from a
+    probe that is not a validation workload, so the profile's shape is still what is
+    tested; it takes out only how much slower the whole machine ran than when profiled."""
+    if asked != "auto":
+        return float(asked)
+    return 1.0 / (1.0 + statistics.median(slowdowns)) if slowdowns else 1.0
 
 
 def makespan(result: RunResult) -> float:
@@ -657,7 +677,7 @@ def sim_check(
     reference = (read_profile(profile).get("fit") or {}).get("canary_best_s")
     machine = Machine(setup, float(reference) if reference else None)
     machine.canary_s()  # its first call, untimed
-    rounds(machine, closed, args, log)
+    speeds = {"closed": rounds(machine, closed, args, log)}
     runs = list(closed)
     opened = open_cases(args)
     if opened:
@@ -669,7 +689,7 @@ def sim_check(
             rate = load_share * capacity
             notes[c.workload] = f"Poisson, {rate:.4g} requests/s = {load_share:g} x capacity"
             open_runs.append(Runs(c, open_loop(specs["azure_closed"], rate, cfg.seed)))
-        rounds(machine, open_runs, args, log)
+        speeds["open"] = rounds(machine, open_runs, args, log)
         runs += open_runs
     seen = sorted(machine.seen)
     quiet = machine.reference_s or machine.best_s
@@ -678,6 +698,14 @@ def sim_check(
         f"(quietest {seen[0] * 1e3:.1f} ms) against "
         + (f"the profile's quiet {quiet * 1e3:.1f} ms" if machine.reference_s else "the quietest")
     )
+    if args.speed == "auto":
+        notes["speed"] = (
+            "executor.speed "
+            + ", ".join(f"{v:.3f} ({k} loop)" for k, v in speeds.items())
+            + ": the quiet canary over the median canary after the kept real runs (--speed auto)"
+        )
+    elif float(args.speed) != 1:
+        notes["speed"] = f"executor.speed {float(args.speed):g} (--speed)"
     return runs, notes
 
 
@@ -898,6 +926,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
         return split
 
+    def speed(text: str) -> str:
+        if text == "auto":
+            return text
+        try:
+            ok = float(text) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r}: a number > 0, or auto")
+        return text
+
     def loads(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x]
 
@@ -908,6 +947,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--host-time",
         choices=("measured", "model"),
         help="the simulation's host time: this engine's own (measured, default) or the profile's",
+    )
+    ap.add_argument(
+        "--speed",
+        type=speed,
+        default="1",
+        help="the simulated machine's speed against the profile's (executor.speed): a number, "
+        "or auto, from the canaries after the real runs (default 1: the profile as shipped)",
     )
     ap.add_argument("--workloads", type=names(WORKLOADS), default=",".join(WORKLOADS))
     ap.add_argument(

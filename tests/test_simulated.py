@@ -236,6 +236,28 @@ def test_a_simulated_run_from_the_command_line_says_what_it_is(
     assert (tmp_path / "steps.csv").exists() and (tmp_path / "outputs.jsonl").exists()
 
 
+def test_speed_divides_every_predicted_second(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`executor.speed=0.5`: a machine half as fast. With the host time modelled and every
+    request waiting from the start, the whole run takes exactly twice as long; the schedule
+    (every count) is the same, and metrics.json says what speed was assumed."""
+    got = []
+    for speed in ("1", "0.5"):
+        status, _, err = cli(
+            capsys, "model=tiny", "workload=straggler", "observers=[console]",
+            "executor=simulated", f"executor.profile={H100}", "executor.any_profile=true",
+            "executor.host_time=model", f"executor.speed={speed}",
+            f"hydra.run.dir={tmp_path}/{speed}",
+        )  # fmt: skip
+        assert status == 0, err[-3000:]
+        got.append(json.loads((tmp_path / speed / "metrics.json").read_text()))
+    one, half = got
+    assert "speed" not in one and half["speed"] == "0.5"
+    assert half["makespan_s"] == pytest.approx(2 * one["makespan_s"], rel=1e-9)
+    assert {k: half[k] for k in SAME} == {k: one[k] for k in SAME}
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -251,6 +273,7 @@ def test_a_simulated_run_from_the_command_line_says_what_it_is(
             "executor.replay lacks 7 request(s) of the workload, the first 'r1'",
         ),
         (("executor.host_time=guess",), "executor.host_time must be measured or model"),
+        (("executor.speed=0",), "executor.speed must be > 0 (1: the profile's machine); got 0"),
         (("executor=model", "executor.replay=x"), "executor.replay applies to executor=simulated"),
         (("executor.profile=",), "no shipped profile for LlamaForCausalLM-L2-H64-A4-KV2-V49152"),
     ],

@@ -118,9 +118,7 @@ class Engine:
         clock: Clock | None = None,
     ) -> None:
         self.executor = executor
-        # A prompt's cache slots are a list as long as the prompt; an executor that reads the
-        # rows' shapes only (the simulator) says so, and the engine skips mapping them.
-        self._map_slots = getattr(executor, "reads_slots", True)
+        self._map_slots = True  # read from the executor when a run starts (`run`)
         self.pool = pool
         self.scratch_block = scratch_block
         self.p = policies
@@ -150,6 +148,9 @@ class Engine:
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
+        # A prompt's cache slots are a list as long as the prompt; an executor that reads the
+        # rows' shapes only (the simulator) says so, and the engine skips mapping them.
+        self._map_slots = getattr(self.executor, "reads_slots", True)
         self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
         ids = [s.id for s in self.seqs]
         if len(set(ids)) != len(ids):

@@ -49,6 +49,9 @@ class ExecutorConfig:
     replay: str | None = None  # simulated: a real run's outputs.jsonl, its tokens by request id
     mean_output_tokens: float = 128.0  # simulated, EOS honoured, no replay: the drawn mean
     any_profile: bool = False  # simulated: accept a profile made for another model or dtype
+    # simulated: the machine's speed against the profile's; every predicted second (forward,
+    # sampling, modelled host time) is divided by it. 0.8: a machine 20% slower.
+    speed: float = 1.0
 
 
 @dataclass
@@ -195,12 +198,18 @@ def check_executor(x: Any) -> None:
         raise ValueError(f"executor.host_time must be measured or model; got {x.host_time!r}")
     if x.mean_output_tokens < 1:
         raise ValueError(f"executor.mean_output_tokens must be >= 1; got {x.mean_output_tokens}")
+    if not x.speed > 0:
+        raise ValueError(f"executor.speed must be > 0 (1: the profile's machine); got {x.speed}")
     if x.name == "model":
         for key in ("profile", "replay"):
             if x[key] is not None:
                 raise ValueError(
                     f"executor.{key} applies to executor=simulated (this run uses the model)"
                 )
+        if x.speed != 1:
+            raise ValueError(
+                "executor.speed applies to executor=simulated (this run uses the model)"
+            )
 
 
 def check_run(cfg: Any) -> None:

@@ -101,5 +101,9 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
     tokens = TokenStreams(
         shape.config.vocab_size, shape.eos_token_id, replay, float(x.mean_output_tokens)
     )
-    clock = VirtualClock(host_s=cost.host.seconds if x.host_time == "model" else None)
-    return SimulatedExecutor(cost, tokens, profile=path), clock
+    speed = float(x.speed)
+    host = None
+    if x.host_time == "model":
+        host = cost.host.seconds if speed == 1 else lambda rows: cost.host.seconds(rows) / speed
+    clock = VirtualClock(host_s=host)
+    return SimulatedExecutor(cost, tokens, profile=path, speed=speed), clock

@@ -18,13 +18,22 @@ class SimulatedExecutor:
     # Predicts from shapes: a prompt's cache slots (a list as long as the prompt) go unread.
     reads_slots = False
 
-    def __init__(self, cost: CostModel, tokens: TokenStreams, profile: str = "") -> None:
+    def __init__(
+        self, cost: CostModel, tokens: TokenStreams, profile: str = "", speed: float = 1.0
+    ) -> None:
         self.cost = cost
         self.tokens = tokens
         self.profile = profile
+        # The machine against the profile's (`executor.speed`): a what-if (a machine 2x
+        # faster), or the state a shared VM is in today against the quiet one it was
+        # profiled in (experiments/sim_check.py --speed auto).
+        self.speed = speed
 
     def describe(self) -> dict[str, str]:
-        return {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
+        out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
+        if self.speed != 1:
+            out["speed"] = f"{self.speed:g}"
+        return out
 
     def execute(self, batch: StepBatch) -> ExecResult:
         cost = self.cost.predict(StepFeatures.of(batch))
@@ -32,6 +41,6 @@ class SimulatedExecutor:
         ids = self.tokens.tokens(batch.rows)
         return ExecResult(
             tokens=torch.tensor(ids, dtype=torch.long),
-            forward_s=cost.forward_s,
-            sample_s=cost.sample_s,
+            forward_s=cost.forward_s / self.speed,
+            sample_s=cost.sample_s / self.speed,
         )
