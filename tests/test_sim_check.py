@@ -51,10 +51,13 @@ def test_sim_check_runs_on_the_tiny_model(
             str(profile),
             "--workloads",
             ",".join(workloads),
+            "--speed",
+            "auto",  # the canaries' speed: the path a slow shared VM is checked with
             "--out",
             str(tmp_path / "out"),
         ]
     )
+    assert "- speed: executor.speed " in (out / "sim_check.md").read_text()
     columns, rows = rows_of(out / "sim_check.csv")
     assert columns == list(sim_check.COLUMNS)
     combos = sim_check.policy_combos(quick=True)
