@@ -13,6 +13,9 @@ replays the tokens of the first real run of its case (`TokenStreams` with a repl
 `executor.replay` does), so wherever a workload honours EOS its stops land where the model put
 them; every workload here ignores EOS anyway.
 
+`--speed auto` simulates at `executor.speed` = the quiet canary (the profile's) over the median
+canary after the kept real runs: the machine's drift taken out, the profile's own error left.
+
 Workloads: `straggler` (the preset); `azure_closed`, the benchmark's queued Azure slice (its
 own construction, `experiments.benchmark.azure_specs`: the first `--requests` rows, lengths
 scaled to the caps, all at t=0); `azure_open`, the same requests as a seeded Poisson process at
@@ -212,6 +215,9 @@ class Runs:
     retried: int = 0  # real runs measured again because others took the CPUs meanwhile
     sim: RunResult | None = None
     features: list[StepFeatures] = dataclasses.field(default_factory=list)  # the sim's steps
+    # At a `--speed` other than 1, the simulation of the profile as shipped too: the report
+    # tallies both, from the same real runs.
+    shipped: RunResult | None = None
 
     def median_real(self) -> RunResult:
         """The real run of median makespan: its counts and steps stand for the real side."""
@@ -408,6 +414,8 @@ def rounds(
     for r in runs:
         replay = {s.id: list(s.output_token_ids) for s in r.real[0].seqs}
         r.sim, r.features = serve_sim(machine.setup, r.case, r.specs, replay, speed)
+        if speed != 1:
+            r.shipped = serve_sim(machine.setup, r.case, r.specs, replay)[0]
         tick(f"sim         {r.case.name:48s} {makespan(r.sim):8.3f} s")
     return speed
 
@@ -773,6 +781,7 @@ def write(
     steps: list[dict[str, Any]],
     pairs: list[dict[str, Any]],
     header: dict[str, str],
+    shipped: list[dict[str, Any]] | None = None,
 ) -> tuple[Path, ...]:
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "sim_check.csv", out / "sim_check.md", out / "sim_check_steps.csv")
@@ -782,6 +791,9 @@ def write(
     write_csv(pairs, PAIR_COLUMNS, paths[3])
     lines = ["# nanoserve simulator check", "", *[f"- {k}: {v}" for k, v in header.items()]]
     lines += ["", "## Targets", "", *tallies(rows)]
+    if shipped:
+        lines += ["", "The same real runs against the profile as shipped (speed 1):", ""]
+        lines += tallies(shipped)
     counts = [
         {
             "case": r["case"],
@@ -1024,6 +1036,7 @@ def main(argv: list[str] | None = None) -> Path:
     finally:
         torch.set_num_threads(threads)  # a caller in the same process keeps its setting
     rows = [make_row(r) for r in runs]
+    shipped = [make_row(dataclasses.replace(r, sim=r.shipped)) for r in runs if r.shipped]
     shares = [f for r in runs for f in r.foreign]
     if shares:
         notes["others' CPU"] = (
@@ -1060,7 +1073,7 @@ def main(argv: list[str] | None = None) -> Path:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "wall time": f"{time.perf_counter() - t0:.1f} s",
     }
-    files = write(args.out, rows, steps, pairs, header)
+    files = write(args.out, rows, steps, pairs, header, shipped)
     print(files[1].read_text())
     log_mlflow(cfg, args, files, rows, header)
     print(f"results in {args.out}")
