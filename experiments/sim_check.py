@@ -256,8 +256,8 @@ class Setup:
     def real_cfg(self, case: Case) -> DictConfig:
         return compose_cfg(case.overrides(self.ctx.overrides))
 
-    def sim_cfg(self, case: Case) -> DictConfig:
-        return compose_cfg(case.overrides([*self.ctx.overrides, *self.sim]))
+    def sim_cfg(self, case: Case, extra: list[str] | None = None) -> DictConfig:
+        return compose_cfg(case.overrides([*self.ctx.overrides, *self.sim, *(extra or [])]))
 
 
 def serve_real(setup: Setup, case: Case, specs: list[RequestSpec]) -> RunResult:
@@ -293,9 +293,9 @@ def serve_sim(
 ) -> tuple[RunResult, list[StepFeatures]]:
     """The simulated engine of the same config (at `executor.speed=speed`), and each step's
     features; with `replay`, the given tokens by request."""
-    cfg = setup.sim_cfg(case)
-    if speed != 1:
-        cfg.executor.speed = speed
+    # An override, not an assignment: a composed config can share nodes with the next one
+    # composed from the same overrides, so setting a field would leak into later runs.
+    cfg = setup.sim_cfg(case, [f"executor.speed={speed!r}"] if speed != 1 else [])
     engine = build_engine(cfg, setup.shape, torch.device("cpu"), setup.ctx.dtype, NullHooks())
     if replay is not None:
         x = cfg.executor
