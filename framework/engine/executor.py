@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 class ExecResult:
     """One step's sampled tokens and what producing them cost."""
 
-    tokens: torch.Tensor  # [rows] sampled ids, still on the device
+    # [rows] sampled ids, still on the device; a plain list from an executor that has no
+    # device (the simulator), which the engine then never converts or copies
+    tokens: torch.Tensor | list[int]
     forward_s: float  # the model call alone
     sample_s: float
     prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)

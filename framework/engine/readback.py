@@ -16,7 +16,9 @@ import torch
 
 @dataclass
 class Pending:
-    tokens: torch.Tensor  # on the device
+    # On the device; or a host list from an executor that has no device (the simulator):
+    # then there is nothing to transfer, and a drain only joins the lists.
+    tokens: torch.Tensor | list[int]
     host: torch.Tensor | None = None  # pinned copy in flight (CUDA)
     done: torch.cuda.Event | None = None
 
@@ -26,9 +28,9 @@ class Readback:
         self.overlap = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.overlap else None
 
-    def start(self, tokens: torch.Tensor) -> Pending:
+    def start(self, tokens: torch.Tensor | list[int]) -> Pending:
         """Begin moving one step's tokens home (a no-op where there is no second stream)."""
-        if not self.overlap:
+        if not self.overlap or isinstance(tokens, list):
             return Pending(tokens)
         assert self.stream is not None
         ready = torch.cuda.Event()
@@ -46,6 +48,8 @@ class Readback:
         """The held steps' token ids, oldest first: one host transfer."""
         if not pending:
             return []
+        if isinstance(pending[0].tokens, list):  # host values already: no device, no copy
+            return [t for p in pending for t in p.tokens]  # type: ignore[union-attr]
         if self.overlap:
             values: list[int] = []
             for p in pending:

@@ -5,8 +5,6 @@ the real ones; only the seconds are predicted (on the engine's virtual clock).""
 
 from __future__ import annotations
 
-import torch
-
 from framework.engine.batch import StepBatch
 from framework.engine.executor import ExecResult
 from framework.executors.simulated.cost import CostModel
@@ -40,7 +38,7 @@ class SimulatedExecutor:
         # A chunk short of its prompt's end samples nothing: its entry is never read.
         ids = self.tokens.tokens(batch.rows)
         return ExecResult(
-            tokens=torch.tensor(ids, dtype=torch.long),
+            tokens=ids,  # host values: no tensor to build, nothing to read back
             forward_s=cost.forward_s / self.speed,
             sample_s=cost.sample_s / self.speed,
         )
