@@ -29,22 +29,22 @@ immediate output, plus continuous/incremental with deferred output at window 4, 
 policies.
 
 The real runs alternate their order from round to round (forward, then backward, as in
-`experiments/ab.py`), so that a slow spell of a shared machine spreads over every case
-rather than falling on one. A shared VM also slows by itself: after each real run a canary
-(the calibrator's probe, five 1-row decode steps) is timed against the quiet one the profile
-recorded, and a run taken while the canary read more than `--max-slow` slow, or while others
-took more than `--max-foreign` of the CPUs, is run again once (the less disturbed kept): the
-profile describes the machine when quiet. Reported per case: the counts of the real and the
-simulated run (steps, token slots, preemptions, recomputed tokens, overshoot; on a closed
-loop they must be equal), and for makespan, throughput, TTFT / TPOT / e2e p50 and p99 the
-real value (the median of the runs), the simulated one, the relative error and the real
-runs' own spread ((max - min) / median), with a verdict against the targets: `met` (within
-5% for makespan, throughput and the p50s, 10% for the p99s), `within real spread` (outside
-the target but inside the spread), or `not met`; and the mean absolute percentage error of
-each request's e2e (against the real runs' median for that request). Where the seconds go
-(`sim_check_steps.csv` and the last table): each case's forward seconds by step kind
-(prefill, decode, mixed), sampling and host time, real against predicted, to say which steps
-a large error comes from.
+`experiments/ab.py`), so that a slow spell of a shared machine spreads over every case rather
+than falling on one. A shared VM also slows by itself: before and after each real run a canary
+(the calibrator's probe, five 1-row decode steps) is timed, and their mean is set against the
+quiet one the profile recorded. A run taken while the canaries read more than `--max-slow`
+slow, or while others took more than `--max-foreign` of the CPUs, is run again once (the less
+disturbed kept): the profile describes the machine when quiet. Reported per case: the counts of
+the real and the simulated run (steps, token slots, preemptions, recomputed tokens, overshoot;
+on a closed loop they must be equal), and for makespan, throughput, TTFT / TPOT / e2e p50 and
+p99 the real value (the median of the runs), the simulated one, the relative error and the real
+runs' own spread ((max - min) / median), with a verdict against the targets: `met` (within 5%
+for makespan, throughput and the p50s, 10% for the p99s), `within real spread` (outside the
+target but inside the spread), or `not met`; and the mean absolute percentage error of each
+request's e2e (against the real runs' median for that request). Where the seconds go
+(`sim_check_steps.csv` and the last table): each case's forward seconds by step kind (prefill,
+decode, mixed), sampling and host time, real against predicted, to say which steps a large
+error comes from.
 
 The profile is fitted on the calibration grid only (`experiments/calibrate.py`); a profile whose
 fitted grid holds a point shaped like a validation workload is named in the report. Writes
@@ -211,7 +211,7 @@ class Runs:
     specs: list[RequestSpec]
     real: list[RunResult] = dataclasses.field(default_factory=list)
     foreign: list[float] = dataclasses.field(default_factory=list)  # others' CPU, per real run
-    slow: list[float] = dataclasses.field(default_factory=list)  # the canary after each
+    slow: list[float] = dataclasses.field(default_factory=list)  # the canaries around each
     retried: int = 0  # real runs measured again because others took the CPUs meanwhile
     sim: RunResult | None = None
     features: list[StepFeatures] = dataclasses.field(default_factory=list)  # the sim's steps
@@ -322,10 +322,11 @@ class Machine:
     """How this machine is doing, beside each real run: other processes' share of the CPUs
     (from /proc/stat), and a canary, since a VM's neighbours can take memory bandwidth
     without showing there: one request's five 1-row decode steps (every weight read once, as
-    bandwidth-bound as a step gets), timed after each real run. Its slowdown is against the
-    quiet canary the profile recorded at calibration (`fit.canary_best_s`, the same probe as
-    experiments/calibrate.py's), else the quietest seen here: the profile describes the
-    machine when quiet, so a real run on a slow spell measures the neighbours too."""
+    bandwidth-bound as a step gets), timed before and after each real run. Its slowdown is
+    against the quiet canary the profile recorded at calibration (`fit.canary_best_s`, the
+    same probe as experiments/calibrate.py's), else the quietest seen here: the profile
+    describes the machine when quiet, so a real run on a slow spell measures the neighbours
+    too."""
 
     def __init__(self, setup: Setup, reference_s: float | None) -> None:
         self.setup = setup
@@ -375,10 +376,13 @@ class Measured:
 
 
 def timed_real(machine: Machine, case: Case, specs: list[RequestSpec]) -> Measured:
+    """One real run, bracketed by a canary before and after it: one probe varies by a
+    fifth from one to the next on a shared VM, so the run's slowdown is the two's mean."""
+    ahead = machine.canary_s()
     t, before = time.perf_counter(), cpu_seconds()
     got = serve_real(machine.setup, case, specs)
     foreign = others_share(before, cpu_seconds(), time.perf_counter() - t)
-    return Measured(got, foreign, machine.slow(machine.canary_s()))
+    return Measured(got, foreign, machine.slow((ahead + machine.canary_s()) / 2))
 
 
 def rounds(
