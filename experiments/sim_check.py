@@ -14,7 +14,7 @@ replays the tokens of the first real run of its case (`TokenStreams` with a repl
 them; every workload here ignores EOS anyway.
 
 `--speed auto` simulates at `executor.speed` = the quiet canary (the profile's) over the median
-canary after the kept real runs: the machine's drift taken out, the profile's own error left.
+canary around the kept real runs: the machine's drift taken out, the profile's own error left.
 
 Workloads: `straggler` (the preset); `azure_closed`, the benchmark's queued Azure slice (its
 own construction, `experiments.benchmark.azure_specs`: the first `--requests` rows, lengths
@@ -425,7 +425,7 @@ def rounds(
 
 
 def sim_speed(asked: str, slowdowns: list[float]) -> float:
-    """`--speed`: a number, or `auto`: the quiet canary over the median canary after the
+    """`--speed`: a number, or `auto`: the quiet canary over the median canary around the
     kept real runs being simulated (1 / (1 + their median slowdown)). One scalar from a
     probe that is not a validation workload, so the profile's shape is still what is
     tested; it takes out only how much slower the whole machine ran than when profiled."""
@@ -714,7 +714,7 @@ def sim_check(
         notes["speed"] = (
             "executor.speed "
             + ", ".join(f"{v:.3f} ({k} loop)" for k, v in speeds.items())
-            + ": the quiet canary over the median canary after the kept real runs (--speed auto)"
+            + ": the quiet canary over the median canary around the kept real runs (--speed auto)"
         )
     elif float(args.speed) != 1:
         notes["speed"] = f"executor.speed {float(args.speed):g} (--speed)"
