@@ -330,6 +330,9 @@ def serve_point(overrides: list[str], loaded: tuple[Any, ...], point: Point, see
 # One request's five 1-row decode steps: every weight read once, as bandwidth-bound as a
 # step gets. experiments/sim_check.py times the same probe against `fit.canary_best_s`.
 CANARY = Point("canary", (16,), (6,), 1)
+# One 128-token prompt's prefill, mostly the Linear layers' arithmetic: the compute-bound
+# probe beside it (`fit.prefill_canary_best_s`). A shared VM's neighbours slow the two apart.
+PREFILL_CANARY = Point("canary-prefill", (128,), (1,), 1)
 
 
 class Gate:
@@ -368,13 +371,17 @@ class Gate:
         self.waited_s = 0.0
         self.retries = 0
         self.best_canary = float("inf")  # the quietest canary run's median step
+        self.best_prefill = float("inf")  # the quietest prefill probe's step
 
     def canary(self, n: int = 3) -> float:
-        """The median over `n` canary runs, back to back, of each run's median decode step."""
+        """The median over `n` canary runs, back to back, of each run's median decode step;
+        each followed by the prefill probe, of which the quietest is kept."""
         runs = []
         for _ in range(n):
             got = self.serve(CANARY)
             runs.append(statistics.median(fw for f, fw, _ in got.steps if f.prefill_rows == 0))
+            got = self.serve(PREFILL_CANARY)
+            self.best_prefill = min(self.best_prefill, *(fw for f, fw, _ in got.steps))
         self.best_canary = min(self.best_canary, *runs)
         return statistics.median(runs)
 
@@ -545,7 +552,13 @@ def calibrate(
         return serve_point(overrides, loaded, p, base.seed)
 
     # Untimed: the kernels built and loaded, oneDNN's first shapes, the allocator warm.
-    for p in (decode(2, 24, 4), mixed(3, 40), decode(8, 8, 3, sampled=True), CANARY):
+    for p in (
+        decode(2, 24, 4),
+        mixed(3, 40),
+        decode(8, 8, 3, sampled=True),
+        CANARY,
+        PREFILL_CANARY,
+    ):
         serve(p)
     readback = readback_seconds(device)
     gate = Gate(serve, max_foreign, max_wait_s, wait_budget_s, enabled=gated)
@@ -595,6 +608,7 @@ def calibrate(
     report["canary_start_s"] = round(canary_start, 5)
     report["canary_end_s"] = round(canary_end, 5)
     report["canary_best_s"] = round(gate.best_canary, 5)  # the quiet reference sim_check uses
+    report["prefill_canary_best_s"] = round(gate.best_prefill, 5)  # and for compute
     report["remeasured_points"] = gate.retries
     report["runs_left_out"] = len(runs) - len(used)
     report["waited_s"] = round(gate.waited_s, 1)

@@ -13,8 +13,12 @@ replays the tokens of the first real run of its case (`TokenStreams` with a repl
 `executor.replay` does), so wherever a workload honours EOS its stops land where the model put
 them; every workload here ignores EOS anyway.
 
-`--speed auto` simulates at `executor.speed` = the quiet canary (the profile's) over the median
-canary around the kept real runs: the machine's drift taken out, the profile's own error left.
+`--speed auto` takes the machine's drift out and leaves the profile's own error: it simulates at
+`executor.speed` = the quiet canary (the profile's) over the median canary around the kept real
+runs, and `executor.compute_speed` from a second probe, a 128-token prefill, for the forward's
+compute-bound seconds (a shared VM's neighbours take memory bandwidth more than arithmetic, so
+the two slow apart). The report tallies the same real runs against the one-scalar correction
+(the decode canary's speed alone) and against the profile as shipped, too.
 
 Workloads: `straggler` (the preset); `azure_closed`, the benchmark's queued Azure slice (its
 own construction, `experiments.benchmark.azure_specs`: the first `--requests` rows, lengths
@@ -31,20 +35,20 @@ policies.
 The real runs alternate their order from round to round (forward, then backward, as in
 `experiments/ab.py`), so that a slow spell of a shared machine spreads over every case rather
 than falling on one. A shared VM also slows by itself: before and after each real run a canary
-(the calibrator's probe, five 1-row decode steps) is timed, and their mean is set against the
-quiet one the profile recorded. A run taken while the canaries read more than `--max-slow`
-slow, or while others took more than `--max-foreign` of the CPUs, is run again once (the less
-disturbed kept): the profile describes the machine when quiet. Reported per case: the counts of
-the real and the simulated run (steps, token slots, preemptions, recomputed tokens, overshoot;
-on a closed loop they must be equal), and for makespan, throughput, TTFT / TPOT / e2e p50 and
-p99 the real value (the median of the runs), the simulated one, the relative error and the real
-runs' own spread ((max - min) / median), with a verdict against the targets: `met` (within 5%
-for makespan, throughput and the p50s, 10% for the p99s), `within real spread` (outside the
-target but inside the spread), or `not met`; and the mean absolute percentage error of each
-request's e2e (against the real runs' median for that request). Where the seconds go
+(the calibrator's probe, five 1-row decode steps) and a prefill probe are timed, and their means
+are set against the quiet ones the profile recorded. A run taken while the canaries read more
+than `--max-slow` slow, or while others took more than `--max-foreign` of the CPUs, is run again
+once (the less disturbed kept): the profile describes the machine when quiet. Reported per case:
+the counts of the real and the simulated run (steps, token slots, preemptions, recomputed
+tokens, overshoot; on a closed loop they must be equal), and for makespan, throughput, TTFT /
+TPOT / e2e p50 and p99 the real value (the median of the runs), the simulated one, the relative
+error and the real runs' own spread ((max - min) / median), with a verdict against the targets:
+`met` (within 5% for makespan, throughput and the p50s, 10% for the p99s), `within real spread`
+(outside the target but inside the spread), or `not met`; and the mean absolute percentage error
+of each request's e2e (against the real runs' median for that request). Where the seconds go
 (`sim_check_steps.csv` and the last table): each case's forward seconds by step kind (prefill,
-decode, mixed), sampling and host time, real against predicted, to say which steps a large
-error comes from.
+decode, mixed), sampling and host time, real against predicted, to say which steps a large error
+comes from.
 
 The profile is fitted on the calibration grid only (`experiments/calibrate.py`); a profile whose
 fitted grid holds a point shaped like a validation workload is named in the report. Writes
@@ -84,8 +88,10 @@ from experiments.machine_probe import cpu_seconds
 from framework.engine.counters import HOST_PHASES
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
+from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import read_profile
 from framework.executors.simulated.features import NAMES, StepFeatures
+from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.tokens import TokenStreams
 from framework.run.app import build_engine, check_before_loading, load, resolve_device
 from framework.run.simulation import choose_profile
@@ -127,7 +133,15 @@ COLUMNS += tuple(f"{k}_{side}" for k in COUNTS for side in ("real", "sim"))
 COLUMNS += tuple(
     f"{m}_{part}" for m in METRICS for part in ("real", "sim", "error", "spread", "verdict")
 )
-COLUMNS += ("e2e_mape", "others_cpu_max", "canary_slow", "retried_runs", "makespan_runs", "note")
+COLUMNS += (
+    "e2e_mape",
+    "others_cpu_max",
+    "canary_slow",
+    "prefill_slow",
+    "retried_runs",
+    "makespan_runs",
+    "note",
+)
 KINDS = ("prefill", "decode", "mixed")
 STEP_COLUMNS = ("case", "kind", "steps_real", "steps_sim", "forward_real_s", "forward_sim_s")
 STEP_COLUMNS += ("forward_error", "forward_step_mape", "sample_real_s", "sample_sim_s")
@@ -212,12 +226,13 @@ class Runs:
     real: list[RunResult] = dataclasses.field(default_factory=list)
     foreign: list[float] = dataclasses.field(default_factory=list)  # others' CPU, per real run
     slow: list[float] = dataclasses.field(default_factory=list)  # the canaries around each
+    prefill_slow: list[float] = dataclasses.field(default_factory=list)  # the prefill probes
     retried: int = 0  # real runs measured again because others took the CPUs meanwhile
     sim: RunResult | None = None
     features: list[StepFeatures] = dataclasses.field(default_factory=list)  # the sim's steps
-    # At a `--speed` other than 1, the simulation of the profile as shipped too: the report
-    # tallies both, from the same real runs.
-    shipped: RunResult | None = None
+    # Other simulations of the same runs, by what the report calls them: at a `--speed`
+    # other than 1, the profile as shipped; under `auto`, the one-scalar correction too.
+    alts: dict[str, RunResult] = dataclasses.field(default_factory=dict)
 
     def median_real(self) -> RunResult:
         """The real run of median makespan: its counts and steps stand for the real side."""
@@ -290,12 +305,17 @@ def serve_sim(
     specs: list[RequestSpec],
     replay: dict[str, list[int]] | None,
     speed: float = 1.0,
+    compute_speed: float | None = None,
 ) -> tuple[RunResult, list[StepFeatures]]:
-    """The simulated engine of the same config (at `executor.speed=speed`), and each step's
-    features; with `replay`, the given tokens by request."""
+    """The simulated engine of the same config (at `executor.speed=speed` and
+    `executor.compute_speed`), and each step's features; with `replay`, the given tokens by
+    request."""
     # An override, not an assignment: a composed config can share nodes with the next one
     # composed from the same overrides, so setting a field would leak into later runs.
-    cfg = setup.sim_cfg(case, [f"executor.speed={speed!r}"] if speed != 1 else [])
+    extra = [f"executor.speed={speed!r}"] if speed != 1 else []
+    if compute_speed is not None:
+        extra.append(f"executor.compute_speed={compute_speed!r}")
+    cfg = setup.sim_cfg(case, extra)
     engine = build_engine(cfg, setup.shape, torch.device("cpu"), setup.ctx.dtype, NullHooks())
     if replay is not None:
         x = cfg.executor
@@ -318,25 +338,48 @@ def others_share(before: tuple[float, float], after: tuple[float, float], wall: 
     return max(0.0, others) / (max(wall, 1e-9) * (os.cpu_count() or 1))
 
 
+PREFILL_PROBE = 128  # the prefill probe's prompt tokens (experiments/calibrate.py's too)
+
+
 class Machine:
     """How this machine is doing, beside each real run: other processes' share of the CPUs
-    (from /proc/stat), and a canary, since a VM's neighbours can take memory bandwidth
-    without showing there: one request's five 1-row decode steps (every weight read once, as
-    bandwidth-bound as a step gets), timed before and after each real run. Its slowdown is
-    against the quiet canary the profile recorded at calibration (`fit.canary_best_s`, the
-    same probe as experiments/calibrate.py's), else the quietest seen here: the profile
-    describes the machine when quiet, so a real run on a slow spell measures the neighbours
-    too."""
+    (from /proc/stat), and two probes, since a VM's neighbours can take memory bandwidth
+    without showing there, timed before and after each real run:
 
-    def __init__(self, setup: Setup, reference_s: float | None) -> None:
+    - the canary, one request's five 1-row decode steps (every weight read once, as
+      bandwidth-bound as a step gets). Its slowdown is against the quiet canary the profile
+      recorded at calibration (`fit.canary_best_s`, the same probe as experiments/
+      calibrate.py's), else the quietest seen here: the profile describes the machine when
+      quiet, so a real run on a slow spell measures the neighbours too;
+    - the prefill probe, one 128-token prompt's prefill (mostly the Linear layers'
+      arithmetic), against `fit.prefill_canary_best_s`, or, for a profile calibrated
+      before it was recorded, the profile's own prediction of that step.
+    """
+
+    def __init__(self, setup: Setup, profile: str) -> None:
         self.setup = setup
-        self.reference_s = reference_s  # the profile's quiet canary step, when it has one
+        fit = read_profile(profile).get("fit") or {}
+        reference = fit.get("canary_best_s")
+        self.reference_s = float(reference) if reference else None  # the quiet canary step
         self.best_s = float("inf")
         self.seen: list[float] = []
         c = setup.ctx
         wl = {"kind": "fixed", "prompt_lens": [16], "output_lens": [6], "seed": c.cfg.seed}
         self.specs = build_workload(wl, c.tok)
         self.case = Case("canary", REFERENCE, True, ("engine.max_num_seqs=1",))
+        n = PREFILL_PROBE
+        wl = {"kind": "fixed", "prompt_lens": [n], "output_lens": [1], "seed": c.cfg.seed}
+        self.prefill_specs = build_workload(wl, c.tok)
+        step = StepFeatures(1, n, rows_bucket(n), 1, n, n * n, 0, 0, 0)
+        # The probe as the profile predicts it at speed 1: all of it, and its compute share.
+        cost = load_cost_model(profile).predict(step)
+        self.prefill_predicted = (cost.forward_s, cost.compute_s)
+        quiet = fit.get("prefill_canary_best_s")
+        self.prefill_reference_s = float(quiet) if quiet else cost.forward_s
+        self.prefill_reference = (
+            "the profile's quiet probe" if quiet else "the profile's prediction"
+        )
+        self.prefill_seen: list[float] = []
 
     def canary_s(self) -> float:
         got = serve_real(self.setup, self.case, self.specs)
@@ -347,9 +390,33 @@ class Machine:
         self.seen.append(secs)
         return secs
 
+    def prefill_s(self) -> float:
+        got = serve_real(self.setup, self.case, self.prefill_specs)
+        secs = sum(st.phase_s.get("forward", 0.0) for st in got.steps if st.decode_rows == 0)
+        self.prefill_seen.append(secs)
+        return secs
+
+    def probes(self) -> tuple[float, float]:
+        """(the canary's decode step, the prefill probe's step), seconds."""
+        return self.canary_s(), self.prefill_s()
+
     def slow(self, secs: float) -> float:
         """A canary step's seconds over the quiet one's, minus 1."""
         return secs / (self.reference_s or self.best_s) - 1
+
+    def prefill_slow(self, secs: float) -> float:
+        return secs / self.prefill_reference_s - 1
+
+    def compute_speed(self, speed: float, prefill_slow: float) -> float | None:
+        """The compute speed that, with the memory-bound seconds at `speed`, predicts the
+        prefill probe as slow as measured: probe = M / speed + C / compute_speed, the
+        profile's split of it at speed 1 scaled by the probe's slowdown. None when the
+        profile puts none of the probe on compute (nothing to divide apart)."""
+        total, compute = self.prefill_predicted
+        if compute <= 0:
+            return None
+        inverse = ((1 + prefill_slow) * total - (total - compute) / speed) / compute
+        return 1 / max(inverse, 0.2)  # never more than 5x the profile's machine
 
     def wait_quiet(self, max_foreign: float, max_slow: float, max_wait_s: float) -> None:
         """Wait (at most `max_wait_s`) until the others leave the CPUs to us and the canary
@@ -368,7 +435,8 @@ class Machine:
 class Measured:
     result: RunResult
     foreign: float  # other processes' share of the CPUs during the run
-    slow: float  # the canary's slowdown right after it
+    slow: float  # the canary's slowdown around it
+    prefill_slow: float  # the prefill probe's
 
     def badness(self, max_foreign: float, max_slow: float) -> float:
         """Above 1: measured while the machine was not as quiet as asked."""
@@ -376,13 +444,19 @@ class Measured:
 
 
 def timed_real(machine: Machine, case: Case, specs: list[RequestSpec]) -> Measured:
-    """One real run, bracketed by a canary before and after it: one probe varies by a
-    fifth from one to the next on a shared VM, so the run's slowdown is the two's mean."""
-    ahead = machine.canary_s()
+    """One real run, bracketed by the probes before and after it: one probe varies by a
+    fifth from one to the next on a shared VM, so the run's slowdowns are the two's means."""
+    ahead = machine.probes()
     t, before = time.perf_counter(), cpu_seconds()
     got = serve_real(machine.setup, case, specs)
     foreign = others_share(before, cpu_seconds(), time.perf_counter() - t)
-    return Measured(got, foreign, machine.slow((ahead + machine.canary_s()) / 2))
+    after = machine.probes()
+    return Measured(
+        got,
+        foreign,
+        machine.slow((ahead[0] + after[0]) / 2),
+        machine.prefill_slow((ahead[1] + after[1]) / 2),
+    )
 
 
 def rounds(
@@ -390,9 +464,10 @@ def rounds(
     runs: list[Runs],
     args: argparse.Namespace,
     tick: Callable[[str], None],
-) -> float:
+) -> tuple[float, float | None]:
     """Every case's real runs, the order reversed each round, then each case's simulation
-    (replaying its first real run's tokens); the simulated machine's speed it used. A real
+    (replaying its first real run's tokens); the simulated machine's speeds it used
+    (`executor.speed`, `executor.compute_speed`). A real
     run during which other processes took more than `--max-foreign` of the CPUs, or after
     which the canary was more than `--max-slow` above the quiet one, is run again once, after
     waiting (up to `--max-wait` seconds) for the machine to quieten, and the less disturbed
@@ -410,25 +485,39 @@ def rounds(
             r.real.append(got.result)
             r.foreign.append(got.foreign)
             r.slow.append(got.slow)
+            r.prefill_slow.append(got.prefill_slow)
             tick(
                 f"real {rnd + 1}/{args.repeats}  {r.case.name:48s} {makespan(got.result):8.3f} s"
                 f"  others' CPU {got.foreign:4.0%}  canary {got.slow:+4.0%}"
+                f"  prefill {got.prefill_slow:+4.0%}"
             )
     speed = sim_speed(args.speed, [s for r in runs for s in r.slow])
+    compute = None
+    if args.speed == "auto":
+        prefill = [s for r in runs for s in r.prefill_slow]
+        compute = machine.compute_speed(speed, statistics.median(prefill)) if prefill else None
+    setup = machine.setup
     for r in runs:
         replay = {s.id: list(s.output_token_ids) for s in r.real[0].seqs}
-        r.sim, r.features = serve_sim(machine.setup, r.case, r.specs, replay, speed)
-        if speed != 1:
-            r.shipped = serve_sim(machine.setup, r.case, r.specs, replay)[0]
+        r.sim, r.features = serve_sim(setup, r.case, r.specs, replay, speed, compute)
+        if compute is not None:
+            r.alts[SCALAR] = serve_sim(setup, r.case, r.specs, replay, speed)[0]
+        if speed != 1 or compute is not None:
+            r.alts[SHIPPED] = serve_sim(setup, r.case, r.specs, replay)[0]
         tick(f"sim         {r.case.name:48s} {makespan(r.sim):8.3f} s")
-    return speed
+    return speed, compute
+
+
+SCALAR = "the decode canary's speed alone (one scalar, executor.speed)"
+SHIPPED = "the profile as shipped (speed 1)"
 
 
 def sim_speed(asked: str, slowdowns: list[float]) -> float:
     """`--speed`: a number, or `auto`: the quiet canary over the median canary around the
-    kept real runs being simulated (1 / (1 + their median slowdown)). One scalar from a
+    kept real runs being simulated (1 / (1 + their median slowdown)). A scalar from a
     probe that is not a validation workload, so the profile's shape is still what is
-    tested; it takes out only how much slower the whole machine ran than when profiled."""
+    tested; it takes out only how much slower the machine's memory ran than when profiled
+    (the compute side: `Machine.compute_speed`)."""
     if asked != "auto":
         return float(asked)
     return 1.0 / (1.0 + statistics.median(slowdowns)) if slowdowns else 1.0
@@ -509,6 +598,7 @@ def make_row(r: Runs) -> dict[str, Any]:
     row["e2e_mape"] = e2e_mape(r.real, r.sim)
     row["others_cpu_max"] = max(r.foreign) if r.foreign else None
     row["canary_slow"] = statistics.median(r.slow) if r.slow else None
+    row["prefill_slow"] = statistics.median(r.prefill_slow) if r.prefill_slow else None
     row["makespan_runs"] = " ".join(f"{makespan(x):.4f}" for x in r.real)
     row["retried_runs"] = r.retried
     if case.workload == "tight_pool" and not shown["preemptions"]:
@@ -686,9 +776,8 @@ def sim_check(
         Runs(c, specs["azure_closed" if c.workload == "tight_pool" else c.workload])
         for c in closed_cases(args, tight)
     ]
-    reference = (read_profile(profile).get("fit") or {}).get("canary_best_s")
-    machine = Machine(setup, float(reference) if reference else None)
-    machine.canary_s()  # its first call, untimed
+    machine = Machine(setup, profile)
+    machine.probes()  # their first calls, untimed
     speeds = {"closed": rounds(machine, closed, args, log)}
     runs = list(closed)
     opened = open_cases(args)
@@ -710,11 +799,24 @@ def sim_check(
         f"(quietest {seen[0] * 1e3:.1f} ms) against "
         + (f"the profile's quiet {quiet * 1e3:.1f} ms" if machine.reference_s else "the quietest")
     )
+    pre = sorted(machine.prefill_seen)
+    notes["prefill probe"] = (
+        f"{PREFILL_PROBE}-token prefill, median {pre[len(pre) // 2] * 1e3:.1f} ms over "
+        f"{len(pre)} probes (quietest {pre[0] * 1e3:.1f} ms) against "
+        f"{machine.prefill_reference} {machine.prefill_reference_s * 1e3:.1f} ms; the profile "
+        f"puts {machine.prefill_predicted[1] / max(machine.prefill_predicted[0], 1e-12):.0%} of "
+        "it on compute"
+    )
     if args.speed == "auto":
         notes["speed"] = (
-            "executor.speed "
-            + ", ".join(f"{v:.3f} ({k} loop)" for k, v in speeds.items())
-            + ": the quiet canary over the median canary around the kept real runs (--speed auto)"
+            ", ".join(
+                f"executor.speed {v:.3f}"
+                + (f" and compute_speed {c:.3f}" if c is not None else "")
+                + f" ({k} loop)"
+                for k, (v, c) in speeds.items()
+            )
+            + ": the quiet canary over the median canary around the kept real runs, and the "
+            "compute speed that predicts the prefill probes at their median (--speed auto)"
         )
     elif float(args.speed) != 1:
         notes["speed"] = f"executor.speed {float(args.speed):g} (--speed)"
@@ -785,7 +887,7 @@ def write(
     steps: list[dict[str, Any]],
     pairs: list[dict[str, Any]],
     header: dict[str, str],
-    shipped: list[dict[str, Any]] | None = None,
+    alts: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[Path, ...]:
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "sim_check.csv", out / "sim_check.md", out / "sim_check_steps.csv")
@@ -795,9 +897,9 @@ def write(
     write_csv(pairs, PAIR_COLUMNS, paths[3])
     lines = ["# nanoserve simulator check", "", *[f"- {k}: {v}" for k, v in header.items()]]
     lines += ["", "## Targets", "", *tallies(rows)]
-    if shipped:
-        lines += ["", "The same real runs against the profile as shipped (speed 1):", ""]
-        lines += tallies(shipped)
+    for label, alt in (alts or {}).items():
+        lines += ["", f"The same real runs against {label}:", ""]
+        lines += tallies(alt)
     counts = [
         {
             "case": r["case"],
@@ -816,8 +918,8 @@ def write(
         "Each cell: real (median of the runs) / simulated, relative error (the real runs' "
         "spread, (max - min) / median), verdict. Seconds; throughput in output tokens/s. "
         "Others' CPU: the largest share of the CPUs other processes took during a kept real "
-        "run of the case; canary: the median slowdown of the 1-row decode probe after its "
-        "kept real runs, against the quiet one.",
+        "run of the case; canary and prefill: the median slowdowns of the 1-row decode probe "
+        "and of the prefill probe around its kept real runs, against the quiet ones.",
         "",
     ]
     times = [
@@ -827,10 +929,12 @@ def write(
             "e2e MAPE": pct(r["e2e_mape"], False),
             "others' CPU": pct(r["others_cpu_max"], False),
             "canary": pct(r["canary_slow"]),
+            "prefill": pct(r["prefill_slow"]),
         }
         for r in rows
     ]
-    lines.append(markdown_table(times, ["case", *METRICS, "e2e MAPE", "others' CPU", "canary"]))
+    columns = ["case", *METRICS, "e2e MAPE", "others' CPU", "canary", "prefill"]
+    lines.append(markdown_table(times, columns))
     lines += [
         "",
         "## Where the seconds go",
@@ -1040,7 +1144,10 @@ def main(argv: list[str] | None = None) -> Path:
     finally:
         torch.set_num_threads(threads)  # a caller in the same process keeps its setting
     rows = [make_row(r) for r in runs]
-    shipped = [make_row(dataclasses.replace(r, sim=r.shipped)) for r in runs if r.shipped]
+    alts: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        for label, result in r.alts.items():
+            alts.setdefault(label, []).append(make_row(dataclasses.replace(r, sim=result)))
     shares = [f for r in runs for f in r.foreign]
     if shares:
         notes["others' CPU"] = (
@@ -1077,7 +1184,7 @@ def main(argv: list[str] | None = None) -> Path:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "wall time": f"{time.perf_counter() - t0:.1f} s",
     }
-    files = write(args.out, rows, steps, pairs, header, shipped)
+    files = write(args.out, rows, steps, pairs, header, alts)
     print(files[1].read_text())
     log_mlflow(cfg, args, files, rows, header)
     print(f"results in {args.out}")

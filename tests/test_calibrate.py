@@ -236,4 +236,7 @@ def test_a_malformed_profile_names_the_field(
 def test_a_good_profile_loads() -> None:
     prof = MeasuredProfile.from_dict(good_profile(), source="mem")
     f = features([100], [200, 300])
-    assert prof.predict(f).forward_s == pytest.approx(0.01 + 1e-4 * 102 + 1e-6 * (500 - 64))
+    cost = prof.predict(f)
+    assert cost.forward_s == pytest.approx(0.01 + 1e-4 * 102 + 1e-6 * (500 - 64))
+    # The per-token Linear work is compute bound; the intercept and the KV reads are not.
+    assert cost.compute_s == pytest.approx(1e-4 * 102)

@@ -57,7 +57,10 @@ def test_sim_check_runs_on_the_tiny_model(
             str(tmp_path / "out"),
         ]
     )
-    assert "- speed: executor.speed " in (out / "sim_check.md").read_text()
+    report = (out / "sim_check.md").read_text()
+    assert "- speed: executor.speed " in report
+    assert "- prefill probe: 128-token prefill" in report
+    assert f"The same real runs against {sim_check.SHIPPED}:" in report
     columns, rows = rows_of(out / "sim_check.csv")
     assert columns == list(sim_check.COLUMNS)
     combos = sim_check.policy_combos(quick=True)

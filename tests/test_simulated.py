@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from hypothesis import given, note
 from hypothesis import strategies as st
 
 from framework.engine.clock import VirtualClock
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec, SamplingParams
-from framework.executors.simulated.cost import HostCost, StepCost
+from framework.executors.simulated.cost import FORMAT, HostCost, StepCost
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import ReplayError, TokenStreams
@@ -241,21 +242,49 @@ def test_speed_divides_every_predicted_second(
 ) -> None:
     """`executor.speed=0.5`: a machine half as fast. With the host time modelled and every
     request waiting from the start, the whole run takes exactly twice as long; the schedule
-    (every count) is the same, and metrics.json says what speed was assumed."""
-    got = []
-    for speed in ("1", "0.5"):
+    (every count) is the same, and metrics.json says what speed was assumed.
+    `executor.compute_speed=0.5` alone slows only the compute-bound seconds (the profile's
+    per-token terms): the run lands strictly between the two, and equal to `speed=0.5`
+    when both are set."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "format": FORMAT,
+                "kind": "measured",
+                "meta": {"model": "x"},
+                "forward": {
+                    "intercept_s": 0.01,
+                    "per": {"linear_tokens": 1e-4, "decode_ctx": 1e-6},
+                },
+                "sample": {"intercept_s": 1e-5, "per": {"rows": 1e-6}},
+                "host": {"per_step_s": 1e-4, "per_row_s": 1e-5},
+            }
+        )
+    )
+    runs = {
+        "one": (),
+        "half": ("executor.speed=0.5",),
+        "compute": ("executor.compute_speed=0.5",),
+        "both": ("executor.speed=0.5", "executor.compute_speed=0.5"),
+    }
+    got = {}
+    for name, speeds in runs.items():
         status, _, err = cli(
             capsys, "model=tiny", "workload=straggler", "observers=[console]",
-            "executor=simulated", f"executor.profile={H100}", "executor.any_profile=true",
-            "executor.host_time=model", f"executor.speed={speed}",
-            f"hydra.run.dir={tmp_path}/{speed}",
+            "executor=simulated", f"executor.profile={profile}", "executor.any_profile=true",
+            "executor.host_time=model", *speeds, f"hydra.run.dir={tmp_path}/{name}",
         )  # fmt: skip
         assert status == 0, err[-3000:]
-        got.append(json.loads((tmp_path / speed / "metrics.json").read_text()))
-    one, half = got
+        got[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    one, half = got["one"], got["half"]
     assert "speed" not in one and half["speed"] == "0.5"
+    assert got["compute"]["compute_speed"] == "0.5" and "compute_speed" not in got["both"]
     assert half["makespan_s"] == pytest.approx(2 * one["makespan_s"], rel=1e-9)
-    assert {k: half[k] for k in SAME} == {k: one[k] for k in SAME}
+    assert got["both"]["makespan_s"] == pytest.approx(half["makespan_s"], rel=1e-9)
+    assert one["makespan_s"] < got["compute"]["makespan_s"] < half["makespan_s"]
+    for other in got.values():
+        assert {k: other[k] for k in SAME} == {k: one[k] for k in SAME}
 
 
 @pytest.mark.parametrize(
@@ -274,6 +303,7 @@ def test_speed_divides_every_predicted_second(
         ),
         (("executor.host_time=guess",), "executor.host_time must be measured or model"),
         (("executor.speed=0",), "executor.speed must be > 0 (1: the profile's machine); got 0"),
+        (("executor.compute_speed=-1",), "executor.compute_speed must be > 0, or null for"),
         (("executor=model", "executor.replay=x"), "executor.replay applies to executor=simulated"),
         (("executor.profile=",), "no shipped profile for LlamaForCausalLM-L2-H64-A4-KV2-V49152"),
     ],

@@ -52,6 +52,9 @@ class ExecutorConfig:
     # simulated: the machine's speed against the profile's; every predicted second (forward,
     # sampling, modelled host time) is divided by it. 0.8: a machine 20% slower.
     speed: float = 1.0
+    # simulated: the forward's compute-bound seconds (prefill tokens, attention products)
+    # divided by this instead of `speed`; null: `speed`. A machine of other FLOP/s per byte.
+    compute_speed: float | None = None
 
 
 @dataclass
@@ -200,8 +203,12 @@ def check_executor(x: Any) -> None:
         raise ValueError(f"executor.mean_output_tokens must be >= 1; got {x.mean_output_tokens}")
     if not x.speed > 0:
         raise ValueError(f"executor.speed must be > 0 (1: the profile's machine); got {x.speed}")
+    if x.compute_speed is not None and not x.compute_speed > 0:
+        raise ValueError(
+            f"executor.compute_speed must be > 0, or null for executor.speed; got {x.compute_speed}"
+        )
     if x.name == "model":
-        for key in ("profile", "replay"):
+        for key in ("profile", "replay", "compute_speed"):
             if x[key] is not None:
                 raise ValueError(
                     f"executor.{key} applies to executor=simulated (this run uses the model)"

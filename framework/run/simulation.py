@@ -106,4 +106,5 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
     if x.host_time == "model":
         host = cost.host.seconds if speed == 1 else lambda rows: cost.host.seconds(rows) / speed
     clock = VirtualClock(host_s=host)
-    return SimulatedExecutor(cost, tokens, profile=path, speed=speed), clock
+    compute = None if x.compute_speed is None else float(x.compute_speed)
+    return SimulatedExecutor(cost, tokens, path, speed, compute), clock

@@ -133,7 +133,15 @@ class MlflowLogger:
             # real one which kernels this machine got, and how they were chosen.
             said = {
                 f"nanoserve.{k}": str(summary[k])
-                for k in ("clock", "cost_model", "profile", "speed", "linears", "decode_attention")
+                for k in (
+                    "clock",
+                    "cost_model",
+                    "profile",
+                    "speed",
+                    "compute_speed",
+                    "linears",
+                    "decode_attention",
+                )
                 if k in summary
             }
             if said:

@@ -532,7 +532,10 @@ class AnalyticProfile:
 
     def predict(self, features: StepFeatures) -> StepCost:
         e = self.estimate(features)
-        return StepCost(forward_s=e.forward_s, sample_s=e.sample_s)
+        # A compute-bound step's roofline term is its FLOPs' time; a memory-bound one's is
+        # all bandwidth (`executor.compute_speed` then leaves it alone).
+        compute = e.compute_s if e.compute_s > e.memory_s else 0.0
+        return StepCost(forward_s=e.forward_s, sample_s=e.sample_s, compute_s=compute)
 
 
 def hardware_spec_path(name: str | Path) -> Path:

@@ -21,6 +21,11 @@ FORMAT = "nanoserve-profile/1"
 class StepCost:
     forward_s: float  # the model call
     sample_s: float  # logits to tokens
+    # Of forward_s, the seconds that go with the machine's arithmetic (the Linear layers'
+    # per-token work, attention's products) rather than its memory bandwidth and fixed
+    # costs: what `executor.compute_speed` divides, apart from `executor.speed`. A shared
+    # VM's neighbours slow the two by different amounts (docs/simulator-validation.md).
+    compute_s: float = 0.0
 
 
 @dataclass

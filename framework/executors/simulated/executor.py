@@ -17,20 +17,31 @@ class SimulatedExecutor:
     reads_slots = False
 
     def __init__(
-        self, cost: CostModel, tokens: TokenStreams, profile: str = "", speed: float = 1.0
+        self,
+        cost: CostModel,
+        tokens: TokenStreams,
+        profile: str = "",
+        speed: float = 1.0,
+        compute_speed: float | None = None,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
         self.profile = profile
         # The machine against the profile's (`executor.speed`): a what-if (a machine 2x
         # faster), or the state a shared VM is in today against the quiet one it was
-        # profiled in (experiments/sim_check.py --speed auto).
+        # profiled in (experiments/sim_check.py --speed auto). `compute_speed` (None: the
+        # same) divides the forward's compute-bound seconds apart (`StepCost.compute_s`):
+        # a machine with the bandwidth of this one and twice its FLOP/s, or neighbours that
+        # take memory bandwidth and leave the arithmetic alone.
         self.speed = speed
+        self.compute_speed = speed if compute_speed is None else compute_speed
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
         if self.speed != 1:
             out["speed"] = f"{self.speed:g}"
+        if self.compute_speed != self.speed:
+            out["compute_speed"] = f"{self.compute_speed:g}"
         return out
 
     def execute(self, batch: StepBatch) -> ExecResult:
@@ -39,6 +50,7 @@ class SimulatedExecutor:
         ids = self.tokens.tokens(batch.rows)
         return ExecResult(
             tokens=ids,  # host values: no tensor to build, nothing to read back
-            forward_s=cost.forward_s / self.speed,
+            forward_s=(cost.forward_s - cost.compute_s) / self.speed
+            + cost.compute_s / self.compute_speed,
             sample_s=cost.sample_s / self.speed,
         )

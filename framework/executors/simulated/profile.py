@@ -48,6 +48,22 @@ DERIVED: dict[str, Callable[[StepFeatures], float]] = {
 }
 
 
+# Terms whose seconds go with the machine's arithmetic: the Linear layers' work per token
+# (a prompt's, or many decode rows' past the weights' one read), the LM head's per row, and
+# attention's query x context products. The rest (the intercept: every weight read once; the
+# decode rows' KV reads; fixed costs per step) goes with memory bandwidth and overheads.
+# `executor.compute_speed` divides the first kind, `executor.speed` the second.
+COMPUTE_FEATURES = frozenset(
+    {"num_tokens", "linear_tokens", "prefill_tokens", "prefill_attn", "pad_tokens", "rows"}
+)
+
+
+@functools.lru_cache(maxsize=256)
+def is_compute(term: str) -> bool:
+    """Whether a term (`linear_tokens>8`, `decode_ctx`, `padded`) is compute bound."""
+    return parse_term(term)[0] in COMPUTE_FEATURES
+
+
 @functools.lru_cache(maxsize=256)  # a profile's few terms, parsed once, not every step
 def parse_term(name: str) -> tuple[str, int | None]:
     """`decode_ctx` -> ("decode_ctx", None); `linear_tokens>64` -> ("linear_tokens", 64)."""
@@ -80,6 +96,17 @@ class LinearCost:
     def seconds(self, features: StepFeatures) -> float:
         total = self.intercept_s + sum(c * term_value(t, features) for t, c in self.per.items())
         return max(0.0, total)
+
+    def split(self, features: StepFeatures) -> tuple[float, float]:
+        """(all the seconds, those of the compute-bound terms): see `COMPUTE_FEATURES`.
+        Every coefficient is non-negative, so the compute part is never above the whole."""
+        total = compute = 0.0
+        for t, c in self.per.items():
+            v = c * term_value(t, features)
+            total += v
+            if is_compute(t):
+                compute += v
+        return max(0.0, self.intercept_s + total), compute
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -236,7 +263,8 @@ class MeasuredProfile:
     kind: str = "measured"
 
     def predict(self, features: StepFeatures) -> StepCost:
-        return StepCost(self.forward.seconds(features), self.sample.seconds(features))
+        forward, compute = self.forward.split(features)
+        return StepCost(forward, self.sample.seconds(features), compute)
 
     @classmethod
     def fit(
