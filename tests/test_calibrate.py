@@ -182,6 +182,8 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
     assert fit["holdout_points"] > 0 and fit["points"] > fit["holdout_points"]
     for key in ("forward_holdout_mape", "forward_holdout_max", "sample_holdout_mape"):
         assert key in fit, key
+    # The two probes' quiet references, which sim_check --speed auto divides by.
+    assert fit["canary_best_s"] > 0 and fit["prefill_canary_best_s"] > 0
     # JSON says the same.
     profile.write(tmp_path / "tiny.json")
     again = load_cost_model(tmp_path / "tiny.json")

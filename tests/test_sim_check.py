@@ -102,3 +102,16 @@ def test_sim_check_runs_on_the_tiny_model(
         [store.experiment_id()], filter_string=f"tags.`mlflow.parentRunId` = '{found[0]}'"
     )
     assert sorted(c.data.tags["sim_check.case"] for c in children) == sorted(expected)
+
+
+def test_the_compute_speed_predicts_the_prefill_probe_as_measured() -> None:
+    """probe = M / speed + C / compute_speed: a profile that puts 0.05 s of the probe on
+    memory and 0.15 s on compute, a machine at half its memory speed and 3/4 of its compute
+    speed takes 0.1 + 0.2 = 0.3 s, 50% over the profile's 0.2 s; from that slowdown and the
+    memory speed the compute speed comes back."""
+    machine = object.__new__(sim_check.Machine)
+    machine.prefill_predicted = (0.2, 0.15)
+    assert machine.compute_speed(0.5, 0.5) == pytest.approx(0.75)
+    assert machine.compute_speed(1.0, 0.0) == pytest.approx(1.0)  # a quiet machine
+    machine.prefill_predicted = (0.2, 0.0)  # nothing of the probe on compute
+    assert machine.compute_speed(0.5, 0.5) is None
