@@ -90,6 +90,9 @@ def test_toy_decode_is_memory_bound() -> None:
     assert e.compute_s == pytest.approx(572672 / 5e9)
     assert e.bound == "memory"
     assert e.forward_s == pytest.approx(1.2e-3 + 294784 / 5e8)
+    # memory bound: nothing for `executor.compute_speed` to divide
+    cost = toy().predict(feats(rows=2, num_tokens=2, decode_rows=2, decode_ctx=40, random_rows=1))
+    assert cost.compute_s == 0.0
     # logits in fp32: one read per row, three more for the random row
     assert e.sample_s == pytest.approx(1e-4 + 4 * 1000 * (2 + 3) / 5e8)
 
@@ -111,6 +114,7 @@ def test_toy_prefill_is_compute_bound() -> None:
         feats(rows=1, num_tokens=100, prefill_rows=1, prefill_tokens=100, prefill_attn=100 * 100)
     )
     assert (cost.forward_s, cost.sample_s) == (e.forward_s, e.sample_s)
+    assert cost.compute_s == e.compute_s  # compute bound: the FLOPs' time, the overhead apart
 
 
 def test_toy_host_kind_and_meta() -> None:
