@@ -1103,7 +1103,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--max-slow",
         type=float,
         help="run a real run again when the canary after it was this much above the quiet one "
-        "(0.1; quick: never)",
+        "(0.1; quick, or --speed auto: never)",
     )
     ap.add_argument(
         "--max-wait",
@@ -1114,6 +1114,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "sim_check")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run config")
     args = ap.parse_args(argv)
+    if args.speed == "auto" and args.max_slow is None:
+        # The probes set the simulated machine's speed: a run is not retried for being slow
+        # (only for others taking the CPUs), which would spend minutes on a slow VM for
+        # nothing.
+        args.max_slow = 1e9
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -1150,10 +1155,11 @@ def main(argv: list[str] | None = None) -> Path:
             alts.setdefault(label, []).append(make_row(dataclasses.replace(r, sim=result)))
     shares = [f for r in runs for f in r.foreign]
     if shares:
+        slow = f" or the canary over {args.max_slow:+.0%}" if args.max_slow < 1e6 else ""
         notes["others' CPU"] = (
             f"mean {statistics.mean(shares):.1%}, max {max(shares):.1%} of the CPUs during the "
             f"kept real runs; {sum(r.retried for r in runs)} run(s) measured again (others over "
-            f"{args.max_foreign:.0%} or the canary over {args.max_slow:+.0%})"
+            f"{args.max_foreign:.0%}{slow})"
         )
     steps = [s for r in runs for s in step_rows(r)]
     pairs = [p for r in runs for p in pair_rows(r)]
