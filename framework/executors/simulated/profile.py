@@ -94,8 +94,7 @@ class LinearCost:
     per: dict[str, float] = field(default_factory=dict)
 
     def seconds(self, features: StepFeatures) -> float:
-        total = self.intercept_s + sum(c * term_value(t, features) for t, c in self.per.items())
-        return max(0.0, total)
+        return self.split(features)[0]
 
     def split(self, features: StepFeatures) -> tuple[float, float]:
         """(all the seconds, those of the compute-bound terms): see `COMPUTE_FEATURES`.
