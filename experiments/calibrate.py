@@ -117,6 +117,9 @@ def forward_terms(device: torch.device, packed: bool) -> tuple[str, ...]:
 
 
 SAMPLE_TERMS = ("rows", "random_rows")
+# The real executor's tensor preparation: a list entry per packed token (ids, positions, slot
+# mapping), a block table per decode row (as long as its context), a few tensors per step.
+PREPARE_TERMS = ("rows", "num_tokens", "decode_ctx")
 SAMPLED = {"temperature": 0.7, "top_p": 0.9}  # the grid's sampled (random) requests
 
 
@@ -223,7 +226,8 @@ class Recorder:
     def __init__(self, inner: Any, device: torch.device) -> None:
         self.inner = inner
         self.device = device
-        self.steps: list[tuple[StepFeatures, float, float]] = []
+        # (features, forward_s, sample_s, prepare_s) per step
+        self.steps: list[tuple[StepFeatures, float, float, float]] = []
         self._marks: list[float] = []
         if device.type == "cuda":
             model = inner.model
@@ -245,7 +249,7 @@ class Recorder:
             sync(self.device)
             forward = self._marks[1] - self._marks[0]
             sample = time.perf_counter() - self._marks[1]
-        self.steps.append((features, forward, sample))
+        self.steps.append((features, forward, sample, result.prepare_s))
         return result
 
     def close(self) -> None:
@@ -265,7 +269,7 @@ def others_share(window_s: float = 0.5) -> float:
 @dataclass
 class Measured:
     point: Point
-    steps: list[tuple[StepFeatures, float, float]]
+    steps: list[tuple[StepFeatures, float, float, float]]  # features, forward, sample, prepare
     stats: list[StepStats]
     wall_s: float
     foreign: float  # share of all CPUs that other processes used during the run
@@ -379,9 +383,9 @@ class Gate:
         runs = []
         for _ in range(n):
             got = self.serve(CANARY)
-            runs.append(statistics.median(fw for f, fw, _ in got.steps if f.prefill_rows == 0))
+            runs.append(statistics.median(s[1] for s in got.steps if s[0].prefill_rows == 0))
             got = self.serve(PREFILL_CANARY)
-            self.best_prefill = min(self.best_prefill, *(fw for f, fw, _ in got.steps))
+            self.best_prefill = min(self.best_prefill, *(s[1] for s in got.steps))
         self.best_canary = min(self.best_canary, *runs)
         return statistics.median(runs)
 
@@ -578,7 +582,9 @@ def calibrate(
     paths = runs[0].extra
     canary_end = gate.canary()
     used = clean_runs(runs, gate) if gated else runs
-    samples = [Sample(f, fw, sm, m.point.name) for m in used for f, fw, sm in m.steps]
+    samples = [
+        Sample(f, fw, sm, m.point.name, prep) for m in used for f, fw, sm, prep in m.steps
+    ]
     host_rows, host_s = [], []
     for m in used:
         if not m.point.holdout:
@@ -591,6 +597,7 @@ def calibrate(
         meta,
         forward_terms=forward_terms(device, paths["linear"].startswith("onednn")),
         sample_terms=SAMPLE_TERMS,
+        prepare_terms=PREPARE_TERMS,
         holdout=[p.name for p in grid if p.holdout],
         readback_s=readback,
         host=fit_host(host_rows, host_s),
@@ -642,9 +649,9 @@ def write_raw(path: Path, runs: Iterable[Measured]) -> None:
         w = csv.writer(f)
         names = list(StepFeatures.__dataclass_fields__)
         head = ["point", "holdout", "run", "others_cpu", *names]
-        w.writerow([*head, "forward_s", "sample_s", "host_s", "transfers"])
+        w.writerow([*head, "forward_s", "sample_s", "prepare_s", "host_s", "transfers"])
         for i, m in enumerate(runs):
-            for (feat, fw, sm), st in zip(m.steps, m.stats, strict=True):
+            for (feat, fw, sm, prep), st in zip(m.steps, m.stats, strict=True):
                 host = sum(st.phase_s.get(p, 0.0) for p in HOST_PHASES)
                 w.writerow(
                     [
@@ -655,6 +662,7 @@ def write_raw(path: Path, runs: Iterable[Measured]) -> None:
                         *feat.as_dict().values(),
                         fw,
                         sm,
+                        prep,
                         host,
                         st.transfers,
                     ]
@@ -679,8 +687,11 @@ def report(profile: MeasuredProfile) -> str:
                     f"(p90 {r[k + 'p90']:.1%}, max {r[k + 'max']:.1%}); per run "
                     f"{r[k + 'run_mape']:.1%} (max {r[k + 'run_max']:.1%})"
                 )
-    if "host_holdout_total_error" in r:
-        lines.append(f"  host    holdout: total error {r['host_holdout_total_error']:+.1%}")
+    for name in ("host", "prepare"):
+        if f"{name}_holdout_total_error" in r:
+            lines.append(
+                f"  {name:7s} holdout: total error {r[f'{name}_holdout_total_error']:+.1%}"
+            )
     f = profile.forward
     terms = ", ".join(f"{t} {c:.3g}" for t, c in f.per.items())
     lines.append(f"forward: {f.intercept_s * 1e3:.2f} ms + {terms} (s per unit)")
@@ -692,6 +703,11 @@ def report(profile: MeasuredProfile) -> str:
     lines.append(
         f"host: {profile.host.per_step_s * 1e6:.0f} us/step + {profile.host.per_row_s * 1e6:.1f} "
         f"us/row; readback {profile.readback_s * 1e6:.1f} us"
+    )
+    p = profile.prepare
+    lines.append(
+        f"prepare: {p.intercept_s * 1e6:.1f} us + "
+        + ", ".join(f"{t} {c * 1e6:.3f} us" for t, c in p.per.items())
     )
     lines.append(
         f"calibration: {r.get('calibration_s')} s, {r.get('passes')} passes; others' CPU "
@@ -731,6 +747,8 @@ def log_mlflow(
         metrics |= {"forward.intercept_s": profile.forward.intercept_s}
         metrics |= {f"forward.{t}": c for t, c in profile.forward.per.items()}
         metrics |= {f"sample.{t}": c for t, c in profile.sample.per.items()}
+        metrics |= {"prepare.intercept_s": profile.prepare.intercept_s}
+        metrics |= {f"prepare.{t}": c for t, c in profile.prepare.per.items()}
         metrics |= {
             "host.per_step_s": profile.host.per_step_s,
             "host.per_row_s": profile.host.per_row_s,

@@ -143,6 +143,33 @@ def test_nnls_matches_the_unconstrained_solution_when_it_is_non_negative() -> No
     assert np.allclose(got, x, atol=1e-8)
 
 
+def test_the_prepare_cost_is_fitted_on_absolute_seconds_and_kept_in_the_file() -> None:
+    """The real executor's tensor preparation, which a simulated step under measured host
+    time adds: fitted to keep the total (a run adds these up), reported on held-out steps,
+    and written and read back with the profile; a profile without it prepares for free."""
+    rng = np.random.default_rng(4)
+    steps = synthetic_steps(rng, 400)
+    truth = LinearCost(1.5e-4, {"rows": 4e-6, "num_tokens": 2e-7, "decode_ctx": 1e-8})
+    samples = [
+        Sample(f, TRUE.seconds(f), 1e-4, f"g{i % 8}", truth.seconds(f) * rng.uniform(0.9, 1.1))
+        for i, f in enumerate(steps)
+    ]
+    prof = MeasuredProfile.fit(
+        samples, {}, forward_terms=list(TRUE.per), prepare_terms=list(truth.per), holdout=["g0"]
+    )
+    assert prof.prepare.intercept_s == pytest.approx(truth.intercept_s, rel=0.1)
+    for term, coef in truth.per.items():
+        assert prof.prepare.per[term] == pytest.approx(coef, rel=0.1), term
+    assert abs(prof.fit_report["prepare_holdout_total_error"]) < 0.02
+    again = MeasuredProfile.from_dict(prof.to_dict())
+    assert again.prepare == prof.prepare
+    older = MeasuredProfile.from_dict(good_profile())
+    assert older.prepare.seconds(features([100], [200, 300])) == 0.0
+    # Without prepare terms nothing is fitted and nothing is reported.
+    plain = MeasuredProfile.fit(samples, {}, forward_terms=list(TRUE.per), holdout=["g0"])
+    assert plain.prepare == LinearCost() and "prepare_holdout_total_error" not in plain.fit_report
+
+
 def test_host_cost_is_robust_to_a_slow_step() -> None:
     rows = [r for r in (1, 2, 4, 8, 16, 32) for _ in range(9)]
     secs = [4e-4 + 2e-5 * r for r in rows]
@@ -167,6 +194,10 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
         feat = StepFeatures(**{k: int(r[k]) for k in NAMES})
         assert loaded.predict(feat) == profile.predict(feat)
     assert loaded.host == profile.host and loaded.readback_s == profile.readback_s
+    assert loaded.prepare == profile.prepare
+    # The real executor's preparation is timed on every step, and priced by the profile.
+    assert all(float(r["prepare_s"]) > 0 for r in rows)
+    assert profile.prepare.seconds(StepFeatures(**{k: int(rows[0][k]) for k in NAMES})) > 0
 
     data = yaml.safe_load(out.read_text())
     assert data["format"] == FORMAT and data["kind"] == "measured"
@@ -180,7 +211,13 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
     assert [g["name"] for g in meta["grid"]] == [p.name for p in grid]
     fit = data["fit"]
     assert fit["holdout_points"] > 0 and fit["points"] > fit["holdout_points"]
-    for key in ("forward_holdout_mape", "forward_holdout_max", "sample_holdout_mape"):
+    assert set(data["prepare"]["per"]) == set(calibrate.PREPARE_TERMS)
+    for key in (
+        "forward_holdout_mape",
+        "forward_holdout_max",
+        "sample_holdout_mape",
+        "prepare_holdout_total_error",
+    ):
         assert key in fit, key
     # The two probes' quiet references, which sim_check --speed auto divides by.
     assert fit["canary_best_s"] > 0 and fit["prefill_canary_best_s"] > 0
@@ -213,6 +250,7 @@ def good_profile() -> dict[str, Any]:
         (("sample",), None, "sample"),
         (("sample",), [1, 2], "sample"),
         (("host", "per_row_s"), "1us", "host.per_row_s"),
+        (("prepare",), {"intercept_s": 1e-4, "per": {"rows": -1.0}}, "prepare.per.rows"),
         (("readback_s",), float("nan"), "readback_s"),
     ],
 )

@@ -10,6 +10,7 @@ its window from measured seconds, which a simulation predicts instead.
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import time
@@ -285,6 +286,51 @@ def test_speed_divides_every_predicted_second(
     assert one["makespan_s"] < got["compute"]["makespan_s"] < half["makespan_s"]
     for other in got.values():
         assert {k: other[k] for k in SAME} == {k: one[k] for k in SAME}
+
+
+def test_measured_host_time_adds_the_real_executors_preparation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulated step builds no tensors (ids, positions, slot mapping, block tables), so
+    under `executor.host_time=measured` the profile's `prepare` (the real executor's tensor
+    preparation) is added to each step, in its build phase, divided by the speed like every
+    predicted second. Under `model` the modelled host cost covers it: nothing is added."""
+    data: dict[str, Any] = {
+        "format": FORMAT,
+        "kind": "measured",
+        "meta": {"model": "x"},
+        "forward": {"intercept_s": 0.01, "per": {"linear_tokens": 1e-4}},
+        "sample": {"intercept_s": 1e-5, "per": {}},
+        "host": {"per_step_s": 1e-4, "per_row_s": 1e-5},
+    }
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(data))
+    prepared = tmp_path / "prepared.yaml"
+    prepared.write_text(yaml.safe_dump({**data, "prepare": {"intercept_s": 0.25, "per": {}}}))
+    runs = {
+        "measured": (prepared, "measured", ()),
+        "slower": (prepared, "measured", ("executor.speed=0.5",)),
+        "model": (prepared, "model", ()),
+        "model_plain": (plain, "model", ()),
+    }
+    got: dict[str, tuple[dict[str, Any], list[dict[str, str]]]] = {}
+    for name, (profile, host, extra) in runs.items():
+        status, _, err = cli(
+            capsys, "model=tiny", "workload=straggler", "observers=[console]",
+            "executor=simulated", f"executor.profile={profile}", "executor.any_profile=true",
+            f"executor.host_time={host}", *extra, f"hydra.run.dir={tmp_path}/{name}",
+        )  # fmt: skip
+        assert status == 0, err[-3000:]
+        with (tmp_path / name / "steps.csv").open() as f:
+            steps = list(csv.DictReader(f))
+        got[name] = (json.loads((tmp_path / name / "metrics.json").read_text()), steps)
+    metrics, steps = got["measured"]
+    assert steps and all(0.25 <= float(s["build_s"]) < 0.5 for s in steps)
+    assert metrics["makespan_s"] >= 0.25 * metrics["steps"]
+    assert all(0.5 <= float(s["build_s"]) < 0.75 for s in got["slower"][1])
+    assert got["model"][0]["makespan_s"] == got["model_plain"][0]["makespan_s"]
+    for other, _ in got.values():
+        assert {k: other[k] for k in SAME} == {k: metrics[k] for k in SAME}
 
 
 @pytest.mark.parametrize(

@@ -107,4 +107,9 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
         host = cost.host.seconds if speed == 1 else lambda rows: cost.host.seconds(rows) / speed
     clock = VirtualClock(host_s=host)
     compute = None if x.compute_speed is None else float(x.compute_speed)
-    return SimulatedExecutor(cost, tokens, path, speed, compute), clock
+    # Under measured host time the engine's own host work flows into the clock, but not the
+    # real executor's tensor preparation, which a simulated step skips: a measured profile
+    # predicts it (`prepare`; zero in profiles older than it, and none in analytic ones).
+    prep = getattr(cost, "prepare", None)
+    prepare = prep.seconds if prep is not None and host is None else None
+    return SimulatedExecutor(cost, tokens, path, speed, compute, prepare), clock

@@ -5,6 +5,8 @@ the real ones; only the seconds are predicted (on the engine's virtual clock).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from framework.engine.batch import StepBatch
 from framework.engine.executor import ExecResult
 from framework.executors.simulated.cost import CostModel
@@ -23,6 +25,7 @@ class SimulatedExecutor:
         profile: str = "",
         speed: float = 1.0,
         compute_speed: float | None = None,
+        prepare: Callable[[StepFeatures], float] | None = None,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -35,6 +38,11 @@ class SimulatedExecutor:
         # take memory bandwidth and leave the arithmetic alone.
         self.speed = speed
         self.compute_speed = speed if compute_speed is None else compute_speed
+        # The real executor's tensor preparation (ids, positions, slot mapping, block
+        # tables), which a simulated step does not do: predicted from the profile when the
+        # engine's host time is measured (`executor.host_time=measured`), so that the
+        # simulated clock is not short by it. None under `model`, whose host cost covers it.
+        self.prepare = prepare
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
@@ -45,7 +53,8 @@ class SimulatedExecutor:
         return out
 
     def execute(self, batch: StepBatch) -> ExecResult:
-        cost = self.cost.predict(StepFeatures.of(batch))
+        features = StepFeatures.of(batch)
+        cost = self.cost.predict(features)
         # A chunk short of its prompt's end samples nothing: its entry is never read.
         ids = self.tokens.tokens(batch.rows)
         return ExecResult(
@@ -53,4 +62,5 @@ class SimulatedExecutor:
             forward_s=(cost.forward_s - cost.compute_s) / self.speed
             + cost.compute_s / self.compute_speed,
             sample_s=cost.sample_s / self.speed,
+            prepare_s=self.prepare(features) / self.speed if self.prepare else 0.0,
         )

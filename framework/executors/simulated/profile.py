@@ -7,6 +7,7 @@ A profile file (YAML or JSON) holds, besides `format`, `kind: measured` and `met
     sample:   {intercept_s: 2.0e-5, per: {rows: 4.0e-6, random_rows: 1.1e-4}}
     readback_s: 3.0e-6      # one device-to-host readback of sampled tokens
     host:     {per_step_s: 4.0e-4, per_row_s: 2.0e-5}
+    prepare:  {intercept_s: 1.5e-4, per: {rows: 4.0e-6, num_tokens: 2.0e-7, decode_ctx: 1.0e-8}}
     fit:      {points: ..., holdout_points: ..., forward_holdout_mape: ..., ...}
 
 A term of `per` is a `StepFeatures` field (seconds per unit), `FIELD>KNOT`, a hinge: the
@@ -172,17 +173,23 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
 
 
 def fit_linear(
-    features: Sequence[StepFeatures], seconds: Sequence[float], terms: Sequence[str]
+    features: Sequence[StepFeatures],
+    seconds: Sequence[float],
+    terms: Sequence[str],
+    *,
+    relative: bool = True,
 ) -> LinearCost:
     """The non-negative intercept and per-term costs that minimise the *relative* squared
     error: each step weighs 1/seconds, so a 2 ms decode step is fitted as closely as a 2 s
-    prefill (the simulator's latencies are made of both, and a makespan mostly of the small)."""
+    prefill (the simulator's latencies are made of both, and a makespan mostly of the small).
+    `relative=False` minimises the plain squared error instead: for host work, whose right
+    skew (an allocation, a cache miss) a run adds up too, so the fit must keep the mean."""
     y = np.asarray(seconds, dtype=float)
     if len(y) == 0:
         raise ValueError("no steps to fit")
     cols = [np.ones(len(y))] + [np.array([term_value(t, f) for f in features]) for t in terms]
     x = np.stack(cols, axis=1)
-    weight = 1.0 / np.maximum(y, 1e-9)
+    weight = 1.0 / np.maximum(y, 1e-9) if relative else np.ones_like(y)
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0  # a term that is zero on every step: fitted as 0
     coef = nnls(x * weight[:, None] / scale, y * weight) / scale
@@ -224,6 +231,9 @@ class Sample:
     forward_s: float
     sample_s: float
     group: str
+    # The real executor's host work turning the batch into tensors (`ExecResult.prepare_s`):
+    # a simulated step builds none, so under `executor.host_time=measured` it is predicted.
+    prepare_s: float = 0.0
 
 
 def errors(model: LinearCost, samples: Sequence[Sample], attr: str) -> dict[str, float]:
@@ -260,6 +270,11 @@ class MeasuredProfile:
     fit_report: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     kind: str = "measured"
+    # The real executor's tensor preparation per step (its ids, positions, slot mapping and
+    # block tables): host work the simulated executor does not do, added to a simulated
+    # step under `executor.host_time=measured` (under `model`, `host` covers it). Zero in
+    # profiles calibrated before it was measured.
+    prepare: LinearCost = field(default_factory=LinearCost)
 
     def predict(self, features: StepFeatures) -> StepCost:
         forward, compute = self.forward.split(features)
@@ -276,18 +291,24 @@ class MeasuredProfile:
         holdout: Iterable[str] = (),
         readback_s: float = 0.0,
         host: HostCost | None = None,
+        prepare_terms: Sequence[str] = (),
     ) -> MeasuredProfile:
         """Fitted on the samples whose group is not in `holdout`; the report gives the error
         on those held out (and, for comparison, on the fitted ones)."""
         held = set(holdout)
         train = [s for s in samples if s.group not in held]
         test = [s for s in samples if s.group in held]
-        for terms in (forward_terms, sample_terms):
+        for terms in (forward_terms, sample_terms, prepare_terms):
             for t in terms:
                 parse_term(t)  # a typo fails here, not after minutes of measuring
         feats = [s.features for s in train]
         forward = fit_linear(feats, [s.forward_s for s in train], forward_terms)
         sample = fit_linear(feats, [s.sample_s for s in train], sample_terms)
+        prepare = (
+            fit_linear(feats, [s.prepare_s for s in train], prepare_terms, relative=False)
+            if prepare_terms
+            else LinearCost()
+        )
         report: dict[str, Any] = {
             "points": len(train),
             "holdout_points": len(test),
@@ -301,7 +322,15 @@ class MeasuredProfile:
             for split, part in (("train", train), ("holdout", test)):
                 for k, v in errors(model, part, attr).items():
                     report[f"{name}_{split}_{k}"] = round(v, 5)
-        return cls(dict(meta), forward, sample, readback_s, host or HostCost(), report)
+        if prepare_terms and test:
+            # A run adds these seconds up: the total over the held-out steps is the error
+            # that reaches a simulated clock (a step's own host time is noisy).
+            real = sum(s.prepare_s for s in test)
+            pred = sum(prepare.seconds(s.features) for s in test)
+            report["prepare_holdout_total_error"] = round(pred / max(real, 1e-12) - 1, 5)
+        return cls(
+            dict(meta), forward, sample, readback_s, host or HostCost(), report, prepare=prepare
+        )
 
     # ---- files -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -316,6 +345,7 @@ class MeasuredProfile:
                 "per_step_s": float(self.host.per_step_s),
                 "per_row_s": float(self.host.per_row_s),
             },
+            "prepare": self.prepare.to_dict(),
             "fit": self.fit_report,
         }
 
@@ -351,6 +381,7 @@ class MeasuredProfile:
                 ),
                 fit_report=dict(fit) if isinstance(fit, Mapping) else {},
                 source=source,
+                prepare=LinearCost.from_dict(data.get("prepare", {"intercept_s": 0.0}), "prepare"),
             )
         except ProfileError as err:
             raise ProfileError(where + err.message, err.details) from None
