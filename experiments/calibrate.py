@@ -582,9 +582,7 @@ def calibrate(
     paths = runs[0].extra
     canary_end = gate.canary()
     used = clean_runs(runs, gate) if gated else runs
-    samples = [
-        Sample(f, fw, sm, m.point.name, prep) for m in used for f, fw, sm, prep in m.steps
-    ]
+    samples = [Sample(f, fw, sm, m.point.name, prep) for m in used for f, fw, sm, prep in m.steps]
     host_rows, host_s = [], []
     for m in used:
         if not m.point.holdout:
