@@ -376,18 +376,30 @@ class Gate:
         self.retries = 0
         self.best_canary = float("inf")  # the quietest canary run's median step
         self.best_prefill = float("inf")  # the quietest prefill probe's step
+        # One pair of probes after each grid point: the machine's typical state while the
+        # grid was measured, as a median, the statistic sim_check takes around real runs.
+        self.grid_canaries: list[float] = []
+        self.grid_prefills: list[float] = []
+
+    def probes(self) -> tuple[float, float]:
+        """One canary run's median decode step and one prefill probe's step, seconds."""
+        got = self.serve(CANARY)
+        decode = statistics.median(s[1] for s in got.steps if s[0].prefill_rows == 0)
+        prefill = sum(s[1] for s in self.serve(PREFILL_CANARY).steps)
+        self.best_canary = min(self.best_canary, decode)
+        self.best_prefill = min(self.best_prefill, prefill)
+        return decode, prefill
 
     def canary(self, n: int = 3) -> float:
         """The median over `n` canary runs, back to back, of each run's median decode step;
-        each followed by the prefill probe, of which the quietest is kept."""
-        runs = []
-        for _ in range(n):
-            got = self.serve(CANARY)
-            runs.append(statistics.median(s[1] for s in got.steps if s[0].prefill_rows == 0))
-            got = self.serve(PREFILL_CANARY)
-            self.best_prefill = min(self.best_prefill, *(s[1] for s in got.steps))
-        self.best_canary = min(self.best_canary, *runs)
-        return statistics.median(runs)
+        each followed by the prefill probe. The quietest of each is kept."""
+        return statistics.median(self.probes()[0] for _ in range(n))
+
+    def between_points(self) -> None:
+        """The probes once more, between two grid points: the grid's own state."""
+        decode, prefill = self.probes()
+        self.grid_canaries.append(decode)
+        self.grid_prefills.append(prefill)
 
     def busy(self, m: Measured) -> bool:
         return m.foreign > self.max_foreign
@@ -572,6 +584,7 @@ def calibrate(
     for i, p in enumerate(order, 1):
         got = gate.measure(p)
         runs.append(got)
+        gate.between_points()
         fwd = sum(s[1] for s in got.steps)
         log(
             f"[{i:2d}/{len(order)}] {p.name:16s} {'holdout' if p.holdout else 'fit':7s} "
@@ -614,6 +627,10 @@ def calibrate(
     report["canary_end_s"] = round(canary_end, 5)
     report["canary_best_s"] = round(gate.best_canary, 5)  # the quiet reference sim_check uses
     report["prefill_canary_best_s"] = round(gate.best_prefill, 5)  # and for compute
+    # The probes' medians over the grid (one pair after each point): the state the fit
+    # describes, which sim_check --speed auto compares its own medians with.
+    report["canary_grid_s"] = round(statistics.median(gate.grid_canaries), 5)
+    report["prefill_canary_grid_s"] = round(statistics.median(gate.grid_prefills), 5)
     report["remeasured_points"] = gate.retries
     report["runs_left_out"] = len(runs) - len(used)
     report["waited_s"] = round(gate.waited_s, 1)

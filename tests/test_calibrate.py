@@ -221,6 +221,10 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
         assert key in fit, key
     # The two probes' quiet references, which sim_check --speed auto divides by.
     assert fit["canary_best_s"] > 0 and fit["prefill_canary_best_s"] > 0
+    # and their medians over the grid (a pair of probes after each point), never below the
+    # quietest: the state the fit describes, which sim_check --speed auto compares with.
+    assert fit["canary_grid_s"] >= fit["canary_best_s"]
+    assert fit["prefill_canary_grid_s"] >= fit["prefill_canary_best_s"]
     # JSON says the same.
     profile.write(tmp_path / "tiny.json")
     again = load_cost_model(tmp_path / "tiny.json")
