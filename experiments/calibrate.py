@@ -700,7 +700,8 @@ def report(profile: MeasuredProfile) -> str:
                 lines.append(
                     f"  {name:7s} {split:7s}: per step MAPE {r[k + 'mape']:.1%} "
                     f"(p90 {r[k + 'p90']:.1%}, max {r[k + 'max']:.1%}); per run "
-                    f"{r[k + 'run_mape']:.1%} (max {r[k + 'run_max']:.1%})"
+                    f"{r[k + 'run_mape']:.1%} (max {r[k + 'run_max']:.1%}, median "
+                    f"{r[k + 'run_bias']:+.1%})"
                 )
     for name in ("host", "prepare"):
         if f"{name}_holdout_total_error" in r:
@@ -709,7 +710,10 @@ def report(profile: MeasuredProfile) -> str:
             )
     f = profile.forward
     terms = ", ".join(f"{t} {c:.3g}" for t, c in f.per.items())
-    lines.append(f"forward: {f.intercept_s * 1e3:.2f} ms + {terms} (s per unit)")
+    lines.append(
+        f"forward: {f.intercept_s * 1e3:.2f} ms + {terms} (s per unit); the relative fit "
+        f"scaled by {r['forward_scale']:.3f} (sample {r['sample_scale']:.3f}) to the runs' sums"
+    )
     s = profile.sample
     lines.append(
         f"sample: {s.intercept_s * 1e6:.1f} us + "

@@ -39,7 +39,7 @@ than falling on one. A shared VM also slows by itself: before and after each rea
 (the calibrator's probe, five 1-row decode steps) and a prefill probe are timed, and their means
 are set against the ones the profile recorded. A run taken while the canaries read more
 than `--max-slow` slow, or while others took more than `--max-foreign` of the CPUs, is run again
-once (the less disturbed kept): the profile describes the machine when quiet. Reported per case:
+once (the less disturbed kept). Reported per case:
 the counts of the real and the simulated run (steps, token slots, preemptions, recomputed
 tokens, overshoot; on a closed loop they must be equal), and for makespan, throughput, TTFT /
 TPOT / e2e p50 and p99 the real value (the median of the runs), the simulated one, the relative

@@ -284,3 +284,24 @@ def test_a_good_profile_loads() -> None:
     assert cost.forward_s == pytest.approx(0.01 + 1e-4 * 102 + 1e-6 * (500 - 64))
     # The per-token Linear work is compute bound; the intercept and the KV reads are not.
     assert cost.compute_s == pytest.approx(1e-4 * 102)
+
+
+def test_the_fit_is_scaled_so_that_a_runs_sum_is_unbiased() -> None:
+    """Noisy steps shrink a fit on relative error below the mean; a simulated run adds its
+    steps up, so the fitted shape is scaled until the median run's sum is right."""
+    rng = np.random.default_rng(5)
+    steps = synthetic_steps(rng, 800)
+    noise = rng.lognormal(0.0, 0.25, size=len(steps))  # skewed slow, as a shared VM is
+    samples = [
+        Sample(f, TRUE.seconds(f) * n, 1e-4 * n, f"g{i % 20}")
+        for i, (f, n) in enumerate(zip(steps, noise, strict=True))
+    ]
+    prof = MeasuredProfile.fit(samples, {}, forward_terms=list(TRUE.per), holdout=["g0", "g1"])
+    r = prof.fit_report
+    assert r["forward_scale"] > 1.03  # the relative fit alone came out short
+    assert abs(r["forward_train_run_bias"]) < 0.01
+    assert abs(r["forward_holdout_run_bias"]) < 0.04
+    # Without noise there is nothing to correct.
+    clean = [Sample(f, TRUE.seconds(f), 1e-4, f"g{i % 5}") for i, f in enumerate(steps)]
+    exact = MeasuredProfile.fit(clean, {}, forward_terms=list(TRUE.per))
+    assert exact.fit_report["forward_scale"] == pytest.approx(1.0, abs=1e-6)
