@@ -22,8 +22,9 @@ and holds the grid and the fit's errors. Logged to MLflow (nanoserve.kind=calibr
 
 The machine may be shared: a point during which other processes took more than
 `--max-foreign` of the CPUs (from /proc/stat, less this process's own time) is measured
-again, up to twice, and only undisturbed runs are fitted; a canary (a 1-row decode step) is
-timed at the start and the end. The profile records both (docs/simulator-profiles.md).
+again, up to twice, and only undisturbed runs are fitted; a canary (a 1-row decode step) and a
+prefill probe are timed at the start, the end and after every point. The profile records them
+(docs/simulator-profiles.md).
 """
 
 from __future__ import annotations
@@ -351,8 +352,9 @@ class Gate:
     between 35 and 53 ms from one second to the next with nothing else running (and runs
     slower for a while after the CPUs idled), so a canary gate that tight mostly discarded
     noise that every real run has too, and its own pauses made the next canary slower.
-    A canary (`canary_s`) is timed at the start and the end, to say how far the machine
-    drifted over the calibration.
+    A canary and a prefill probe are timed three times at the start and the end (`canary`),
+    to say how far the machine drifted over the calibration, and once after every grid point
+    (`between_points`), whose medians are the state the fit describes.
     """
 
     def __init__(
@@ -625,8 +627,9 @@ def calibrate(
     # A 1-row decode step (the canary's median) before and after: the machine's drift.
     report["canary_start_s"] = round(canary_start, 5)
     report["canary_end_s"] = round(canary_end, 5)
-    report["canary_best_s"] = round(gate.best_canary, 5)  # the quiet reference sim_check uses
-    report["prefill_canary_best_s"] = round(gate.best_prefill, 5)  # and for compute
+    # The quietest probes (the reference of profiles older than the grid medians below).
+    report["canary_best_s"] = round(gate.best_canary, 5)
+    report["prefill_canary_best_s"] = round(gate.best_prefill, 5)
     # The probes' medians over the grid (one pair after each point): the state the fit
     # describes, which sim_check --speed auto compares its own medians with.
     report["canary_grid_s"] = round(statistics.median(gate.grid_canaries), 5)

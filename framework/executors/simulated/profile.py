@@ -217,6 +217,7 @@ def run_scale(model: LinearCost, samples: Sequence[Sample], attr: str) -> float:
 
 
 def scaled(model: LinearCost, factor: float) -> LinearCost:
+    """Every coefficient times `factor`: the same shape, another level."""
     return LinearCost(model.intercept_s * factor, {t: c * factor for t, c in model.per.items()})
 
 
