@@ -76,6 +76,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from experiments.analytic_profile import prefill_step
 from experiments.benchmark import (
     DEFAULT_TRACE,
     Context,
@@ -381,17 +382,8 @@ class Machine:
         n = PREFILL_PROBE
         wl = {"kind": "fixed", "prompt_lens": [n], "output_lens": [1], "seed": c.cfg.seed}
         self.prefill_specs = build_workload(wl, c.tok)
-        step = StepFeatures(
-            rows=1,
-            num_tokens=n,
-            linear_tokens=rows_bucket(n),
-            prefill_rows=1,
-            prefill_tokens=n,
-            prefill_attn=n * n,
-            decode_rows=0,
-            decode_ctx=0,
-            random_rows=0,
-        )
+        # as the packed Linear layers pad it on this CPU
+        step = dataclasses.replace(prefill_step(n), linear_tokens=rows_bucket(n))
         # The probe as the profile predicts it at speed 1: all of it, and its compute share.
         cost = load_cost_model(profile).predict(step)
         self.prefill_predicted = (cost.forward_s, cost.compute_s)
