@@ -36,8 +36,11 @@ $(RAY_STAMP): $(STAMP)
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
+# The suite runs on every core (pytest-xdist, at most 4 workers: each holds its own copy of
+# the models), the slowest tests handed out first as workers free up. ARGS="-n 0" runs it in
+# one process.
 test: $(STAMP) $(RAY_STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,18 @@ settings.register_profile(
 )
 settings.register_profile("long", max_examples=1000, deadline=None, suppress_health_check=_SLOW_OK)
 settings.load_profile("default")  # `--hypothesis-profile=NAME` loads another one after this
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs `-n auto`), the cores are shared out between the
+    workers: each worker's torch, and the runs its tests start in subprocesses, get their
+    share of threads. Spinning thread pools that each think they own every core collapse when
+    they meet."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 @pytest.fixture(scope="session")

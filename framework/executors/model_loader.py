@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -83,11 +84,25 @@ def prepare_smollm2(cache_dir: str | None = None) -> Path:
     """Dequantise the shipped GGUF once into a safetensors folder; return that folder.
 
     Written to a temporary folder and renamed, so an interrupted first start never leaves
-    a half-written cache that later starts would trust.
+    a half-written cache that later starts would trust; and under a lock, so that processes
+    starting together (a sweep's jobs, the test suite's workers) prepare it once, the others
+    waiting, rather than each removing the folder another is reading.
     """
     target = cache_root(cache_dir) / SMOLLM2_CACHE_NAME
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+    if _is_prepared(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.parent / f".{SMOLLM2_CACHE_NAME}.lock"):
+        if not _is_prepared(target):  # another process may have finished while we waited
+            _dequantise_smollm2(target)
+    return target
+
+
+def _is_prepared(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
+
+
+def _dequantise_smollm2(target: Path) -> None:
     src = smollm2_gguf_dir()
     log.info("preparing SmolLM2 from %s (once; cached in %s)", src / SMOLLM2_GGUF, target)
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
@@ -97,18 +112,16 @@ def prepare_smollm2(cache_dir: str | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".prep-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
+        if target.exists():  # incomplete: it lacks config.json or tokenizer.json
             shutil.rmtree(target)
         tmp.rename(target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def load_tokenizer(source: str, path: str | None, cache_dir: str | None) -> PreTrainedTokenizerBase:
