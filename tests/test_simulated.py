@@ -24,13 +24,15 @@ import yaml
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from framework.engine.batch import Row
 from framework.engine.clock import VirtualClock
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.sampler import draw_seed
 from framework.executors.simulated.cost import FORMAT, HostCost, StepCost
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.features import StepFeatures
-from framework.executors.simulated.tokens import ReplayError, TokenStreams
+from framework.executors.simulated.tokens import ReplayError, TokenStreams, _hash
 from framework.run.app import build_engine
 from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
@@ -207,6 +209,27 @@ def test_with_model_host_time_two_runs_give_identical_metrics(tiny: Any) -> None
         sum(sum(st_.phase_s.values()) for st_ in res.steps), rel=1e-12
     )
     assert all(st_.phase_s["schedule"] == 0 and st_.phase_s["host"] > 0 for st_ in res.steps)
+
+
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    indices=st.lists(st.integers(0, 1 << 20), min_size=1, max_size=5),
+    rid=st.text(min_size=1, max_size=8),
+)
+def test_a_rows_token_is_its_seeded_draw_in_every_path(
+    seed: int, indices: list[int], rid: str
+) -> None:
+    """A request with no stop token to draw: its token at index i is draw_seed(salt, i)
+    mod the vocabulary, whether it is the request's first row (`token`) or a later one (the
+    batch loop's precomputed form)."""
+    vocab = 49152
+    streams = TokenStreams(vocab, eos_token_id=2)
+    sp = SamplingParams(seed=seed, max_tokens=1 << 21, ignore_eos=True)
+    rows = [Row(rid, [1], 5, [], [0], 6, sp, i) for i in indices]
+    salt = seed ^ _hash(rid)
+    want = [draw_seed(salt, i) % vocab for i in indices]
+    assert streams.tokens(rows) == want  # the first row takes `token`, the rest the loop's
+    assert streams.tokens(rows) == want  # every row the loop's
 
 
 def test_a_replay_must_cover_the_workload() -> None:

@@ -39,16 +39,19 @@ class BlockPool:
         return -(-num_tokens // self.block_size)
 
     def allocate(self, owner: str, n: int) -> list[int]:
-        if n > len(self._free):
-            raise BlockPoolError(f"{owner} asked for {n} blocks, only {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(n)]
+        free, owners = self._free, self._owner
+        if n > len(free):
+            raise BlockPoolError(f"{owner} asked for {n} blocks, only {len(free)} free")
+        # Most calls are one block (a running row crossing into its next block, every step
+        # for some rows at trace scale): locals, and no list built around a single pop.
+        blocks = [free.popleft()] if n == 1 else [free.popleft() for _ in range(n)]
         for b in blocks:
-            if self._owner[b] is not None:
-                raise BlockPoolError(
-                    f"block {b} given to {owner} is still owned by {self._owner[b]}"
-                )
-            self._owner[b] = owner
-        self.peak_used = max(self.peak_used, self.num_used)
+            if owners[b] is not None:
+                raise BlockPoolError(f"block {b} given to {owner} is still owned by {owners[b]}")
+            owners[b] = owner
+        used = self.num_blocks - len(free)
+        if used > self.peak_used:
+            self.peak_used = used
         return blocks
 
     def free(self, owner: str, blocks: list[int]) -> None:

@@ -59,7 +59,10 @@ class TokenStreams:
         self.replay = replay
         self.mean = max(1.0, mean_output_tokens)
         self._length: dict[str, int] = {}
-        self._keys: dict[str, tuple[frozenset[int], int]] = {}
+        # Per request, once: its stop set, the salt its draws use, and the request's part of
+        # `draw_seed` (`(salt * SEED_MIX + 1) % SEED_MOD`), so that a row's draw adds only its
+        # index's part: the same value, without a 128-bit product for every row of every step.
+        self._keys: dict[str, tuple[frozenset[int], int, int]] = {}
 
     def check_covers(self, ids: list[str]) -> None:
         """Every request of the workload must be in the replay: one line naming the first
@@ -89,9 +92,7 @@ class TokenStreams:
                 continue
             known = keys.get(row.seq_id)
             if plain and known is not None and not known[0]:  # `_filler`, with no stops
-                out.append(
-                    (known[1] * SEED_MIX + row.token_index * SEED_STEP + 1) % SEED_MOD % vocab
-                )
+                out.append((known[2] + row.token_index * SEED_STEP) % SEED_MOD % vocab)
             else:
                 out.append(self.token(row))
         return out
@@ -104,8 +105,9 @@ class TokenStreams:
             stops = set(sp.stop_token_ids)
             if not sp.ignore_eos and self.eos is not None:  # as `Sequence.stop_ids`
                 stops.add(self.eos)
-            known = self._keys[key] = (frozenset(stops), sp.seed ^ _hash(key))
-        stops, salt = known
+            salt = sp.seed ^ _hash(key)
+            known = self._keys[key] = (frozenset(stops), salt, (salt * SEED_MIX + 1) % SEED_MOD)
+        stops, salt, _ = known
         i = row.token_index
         if self.replay is not None and key in self.replay:
             tokens = self.replay[key]
