@@ -77,15 +77,28 @@ def simulated(
     specs: list[RequestSpec],
     replay: dict[str, list[int]] | None = None,
     host_model: bool = False,
+    readback_s: float = 0.0,
 ) -> RunResult:
     """The same engine over the tiny model's shape, its executor and clock swapped."""
+    return simulated_engine(tiny, overrides, replay, host_model, readback_s).run(
+        specs, tiny[1].eos_token_id
+    )
+
+
+def simulated_engine(
+    tiny: Any,
+    overrides: tuple[str, ...],
+    replay: dict[str, list[int]] | None = None,
+    host_model: bool = False,
+    readback_s: float = 0.0,
+) -> Any:
     model, tok = tiny
     engine = build_engine(cfg_for(overrides), model, torch.device("cpu"), torch.float32, Hooks())
     cost = LinearCost()
     tokens = TokenStreams(model.config.vocab_size, tok.eos_token_id, replay)
-    engine.executor = SimulatedExecutor(cost, tokens)
+    engine.executor = SimulatedExecutor(cost, tokens, readback_s=readback_s)
     engine.clock = VirtualClock(host_s=cost.host.seconds if host_model else None)
-    return engine.run(specs, tok.eos_token_id)
+    return engine
 
 
 class Hooks:
@@ -209,6 +222,35 @@ def test_with_model_host_time_two_runs_give_identical_metrics(tiny: Any) -> None
         sum(sum(st_.phase_s.values()) for st_ in res.steps), rel=1e-12
     )
     assert all(st_.phase_s["schedule"] == 0 and st_.phase_s["host"] > 0 for st_ in res.steps)
+
+
+@pytest.mark.parametrize("output", [(), ("output=deferred", "window=3")])
+def test_a_simulated_readback_costs_the_profiles_seconds(tiny: Any, output: tuple) -> None:
+    """The profile's `readback_s` is charged on the virtual clock at every transfer and
+    shows as the steps' `readback` phase; the counts do not depend on it."""
+    at_once = [spec(i, [3 + i] * (2 + i), 5 + i, True) for i in range(8)]
+    over = ("engine.max_num_seqs=3", *output)
+    free = simulated(tiny, over, at_once, host_model=True)
+    priced = simulated(tiny, over, at_once, host_model=True, readback_s=0.25)
+    a, b = summarize(free), summarize(priced)
+    assert {k: a[k] for k in COUNT_KEYS} == {k: b[k] for k in COUNT_KEYS}
+    transfers = sum(st_.transfers for st_ in priced.steps)
+    assert transfers > 0
+    readback = sum(st_.phase_s.get("readback", 0.0) for st_ in priced.steps)
+    assert readback == pytest.approx(0.25 * transfers, rel=1e-12)
+    assert priced.steps[-1].time == pytest.approx(
+        sum(sum(st_.phase_s.values()) for st_ in priced.steps), rel=1e-12
+    )
+    assert priced.steps[-1].time - free.steps[-1].time == pytest.approx(readback, rel=1e-9)
+
+
+def test_the_adaptive_window_reads_the_predicted_readback(tiny: Any) -> None:
+    """Under the simulator the output policies' transfer cost is the profile's readback (at
+    the run's speed), not the wall time of joining host lists."""
+    at_once = [spec(i, [3 + i] * (2 + i), 12, True) for i in range(6)]
+    engine = simulated_engine(tiny, ("output=adaptive",), host_model=True, readback_s=0.02)
+    engine.run(at_once, tiny[1].eos_token_id)
+    assert engine.costs.transfer_s == 0.02
 
 
 @given(

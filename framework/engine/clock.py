@@ -37,6 +37,10 @@ class Clock(Protocol):
     def executed(self, seconds: float) -> None:
         """The executor returned; it says the call took `seconds`."""
 
+    def spend(self, seconds: float) -> None:
+        """Device time outside the executor's call that an executor predicts rather than
+        spends (a simulated readback of sampled tokens)."""
+
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """A step's seconds by phase, as this clock counted them (`StepStats.phase_s`)."""
 
@@ -63,6 +67,9 @@ class WallClock:
 
     def executed(self, seconds: float) -> None:
         """Already elapsed."""
+
+    def spend(self, seconds: float) -> None:
+        """Real time has passed by itself."""
 
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """Measured as they happened."""
@@ -108,6 +115,10 @@ class VirtualClock:
     def executed(self, seconds: float) -> None:
         self._t += max(0.0, seconds)
         self._mark = self.timer()
+
+    def spend(self, seconds: float) -> None:
+        """Added as it is (the host time flowing in under `measured` keeps flowing)."""
+        self._t += max(0.0, seconds)
 
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """Modelled host time replaces the measured phases: what the clock advanced by is

@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-PHASES = ("schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host")
+PHASES = (
+    "schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host",
+    "readback",
+)  # fmt: skip
 # The engine's own work, measured phase by phase; under a simulation's modelled host time
 # (`executor.host_time=model`) they read 0 and the modelled cost is `host` instead.
+# `readback` is a simulation's predicted readbacks of sampled tokens (the profile's
+# `readback_s` per transfer); a real run's readbacks are timed inside `output`.
 HOST_PHASES = ("schedule", "allocate", "build", "output", "apply", "hooks")
 
 

@@ -119,6 +119,10 @@ class Engine:
     ) -> None:
         self.executor = executor
         self._map_slots = True  # read from the executor when a run starts (`run`)
+        # A readback's seconds as the executor predicts them (a simulator: it does none);
+        # None: timed as it happens. Read when a run starts; summed per step for its phases.
+        self._readback_s: float | None = None
+        self._step_readback_s = 0.0
         self.pool = pool
         self.scratch_block = scratch_block
         self.p = policies
@@ -151,6 +155,7 @@ class Engine:
         # A prompt's cache slots are a list as long as the prompt; an executor that reads the
         # rows' shapes only (the simulator) says so, and the engine skips mapping them.
         self._map_slots = getattr(self.executor, "reads_slots", True)
+        self._readback_s = getattr(self.executor, "readback_s", None)
         self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
         ids = [s.id for s in self.seqs]
         if len(set(ids)) != len(ids):
@@ -227,6 +232,7 @@ class Engine:
             phase[name] = phase.get(name, 0.0) + now - t
             t = now
 
+        self._step_readback_s = 0.0
         now = self.now()
         while self.pending and self.pending[0].arrival <= now:
             seq = self.pending.popleft()
@@ -345,6 +351,8 @@ class Engine:
             )
         self.hooks.on_step_end(stats=stats)
         lap("hooks")
+        if self._step_readback_s:  # predicted, so apart from the host phases timed around it
+            phase["readback"] = self._step_readback_s
         self.clock.account(phase, len(batch.rows))
         self.steps.append(stats)
         return stats
@@ -776,7 +784,12 @@ class Engine:
         out_steps, self.held = self.held[:n], self.held[n:]
         t = time.perf_counter()
         values = self.readback.fetch([h.pending for h in out_steps])
-        self.costs.observe_transfer(time.perf_counter() - t)
+        if self._readback_s is None:
+            self.costs.observe_transfer(time.perf_counter() - t)
+        else:  # a simulator prices the readback it does not do, on its clock
+            self.costs.observe_transfer(self._readback_s)
+            self.clock.spend(self._readback_s)
+            self._step_readback_s += self._readback_s
         self.counters.transfers += 1
         out: list[tuple[Sequence, bool, int, float]] = []
         i = 0

@@ -112,4 +112,6 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
     # predicts it (`prepare`; zero in profiles older than it, and none in analytic ones).
     prep = getattr(cost, "prepare", None)
     prepare = prep.seconds if prep is not None and host is None else None
-    return SimulatedExecutor(cost, tokens, path, speed, compute, prepare), clock
+    readback = float(getattr(cost, "readback_s", 0.0))  # analytic profiles have none yet
+    executor = SimulatedExecutor(cost, tokens, path, speed, compute, prepare, readback)
+    return executor, clock

@@ -26,6 +26,7 @@ class SimulatedExecutor:
         speed: float = 1.0,
         compute_speed: float | None = None,
         prepare: Callable[[StepFeatures], float] | None = None,
+        readback_s: float = 0.0,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -43,6 +44,11 @@ class SimulatedExecutor:
         # engine's host time is measured (`executor.host_time=measured`), so that the
         # simulated clock is not short by it. None under `model`, whose host cost covers it.
         self.prepare = prepare
+        # One readback of held sampled tokens, as the profile measured it (`readback_s`),
+        # at this machine's speed: the engine charges it on the virtual clock at each drain
+        # and gives it to the output policies as the measured transfer cost, where a real
+        # run times the device-to-host copy (here a list join, which would price nothing).
+        self.readback_s = readback_s / speed
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
