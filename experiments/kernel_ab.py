@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load
 
-from framework.executors.kernels.paged_decode import FLAGS, LDFLAGS, SOURCE
+from framework.executors.kernels.paged_decode import FLAGS, SOURCE
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ((1, 256), (16, 256), (64, 80), (64, 512), (32, 1024))  # (rows, context)
@@ -41,7 +41,7 @@ def build(source: str, namespace: str, flags: list[str], folder: Path) -> None:
     """Compile `source` with its operators under `torch.ops.<namespace>`."""
     path = folder / f"{namespace}.cpp"
     path.write_text(source.replace("TORCH_LIBRARY(nanoserve", f"TORCH_LIBRARY({namespace}"))
-    ldflags = [f for f in flags if f == "-fopenmp"]
+    ldflags = [f for f in flags if f == "-fopenmp"]  # as the engine links it (LDFLAGS)
     load(f"{namespace}_ext", [str(path)], extra_cflags=flags, extra_ldflags=ldflags,
          is_python_module=False)  # fmt: skip
 
@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     base_flags = args.base_flags.split() if args.base_flags is not None else FLAGS
     with tempfile.TemporaryDirectory() as tmp:
         build(base_src, "kernel_a", base_flags, Path(tmp))
-        build(SOURCE.read_text(), "kernel_b", [*FLAGS, *(f for f in LDFLAGS if f not in FLAGS)],
-              Path(tmp))  # fmt: skip
+        build(SOURCE.read_text(), "kernel_b", FLAGS, Path(tmp))
     print(
         f"A: {rel} at {args.base} ({' '.join(base_flags)}); B: the working tree "
         f"({' '.join(FLAGS)}); {torch.get_num_threads()} threads"
