@@ -52,7 +52,13 @@ def paged_batch(cache: KVCache, lens: list[int], rng: random.Random, kernel: boo
 
 @pytest.mark.parametrize(
     ("q_heads", "kv_heads", "dim", "block_size", "window"),
-    [(9, 3, 64, 16, None), (4, 4, 16, 4, None), (8, 2, 32, 8, 5), (4, 1, 128, 16, 40)],
+    [
+        (9, 3, 64, 16, None),
+        (4, 4, 16, 4, None),
+        (8, 2, 32, 8, 5),
+        (4, 1, 128, 16, 40),
+        (6, 2, 24, 8, None),  # a head size the kernel has no register layout for
+    ],
 )
 @pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

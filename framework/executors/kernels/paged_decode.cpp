@@ -157,21 +157,6 @@ inline void mix_head(float* o, const float* p, const KV* V, const int64_t* block
   for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
 }
 
-// The same for any head size (a multiple of 8), eight outputs at a time.
-template <typename KV>
-inline void mix_head_any(float* o, const float* p, const KV* V, const int64_t* blocks,
-                         int64_t lo, int64_t hi, int64_t bs, int64_t stride, int64_t off,
-                         bool first, int64_t D) {
-  for (int64_t d = 0; d < D; d += 8) {
-    __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + d);
-    for (int64_t pos = lo; pos < hi; ++pos) {
-      const KV* vh = V + (blocks[pos / bs] * bs + pos % bs) * stride + off;
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[pos]), load8(vh + d), acc);
-    }
-    _mm256_storeu_ps(o + d, acc);
-  }
-}
-
 // probs [B, Hq, nb * bs] (softmax of the scores) -> out [B, Hq, D] = probs . values.
 // One task per row; with fewer rows than threads, one per (row, head).
 template <typename KV>
@@ -210,8 +195,9 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
             mix_head<KV, 4>(o, p, V, blocks, a, z, bs, stride, off, first);
           } else if (D == 16) {
             mix_head<KV, 2>(o, p, V, blocks, a, z, bs, stride, off, first);
-          } else {
-            mix_head_any<KV>(o, p, V, blocks, a, z, bs, stride, off, first, D);
+          } else {  // any other multiple of 8: eight outputs a pass
+            for (int64_t d = 0; d < D; d += 8)
+              mix_head<KV, 1>(o + d, p, V, blocks, a, z, bs, stride, off + d, first);
           }
         }
       }
