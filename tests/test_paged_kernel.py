@@ -58,6 +58,7 @@ def paged_batch(cache: KVCache, lens: list[int], rng: random.Random, kernel: boo
         (8, 2, 32, 8, 5),
         (4, 1, 128, 16, 40),
         (6, 2, 24, 8, None),  # a head size the kernel has no register layout for
+        (4, 2, 48, 6, 7),  # two heads a kv head; blocks not a multiple of four positions
     ],
 )
 @pytest.mark.parametrize("rows", [1, 3, 17])

@@ -57,10 +57,51 @@ void check(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor&
 
 }  // namespace
 
+// Ask for `bytes` from `p` in the cache ahead of use: each row's blocks lie at random places
+// in the pool, so the hardware prefetcher, which follows a stream within a 4 KB page, cannot
+// know the next block; without this every block (and every page of one) started with misses
+// to memory, and the kernel read 5-8 GB/s where the machine streams 30+.
+template <typename KV>
+inline void prefetch(const KV* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(KV));
+  for (int64_t x = 0; x < bytes; x += 64) _mm_prefetch(c + x, _MM_HINT_T1);
+}
+
+// Four positions of one kv head against GT of its query heads: 4 * GT independent multiply-add
+// chains (each key vector loaded once for all GT heads), then one shared horizontal sum per
+// head. out points at the first head's score of position i; heads are W apart.
+template <typename KV, int GT>
+inline void dot4(const float* qg, const KV* k0, int64_t stride, int64_t D, float* out,
+                 int64_t W, __m128 sc) {
+  __m256 acc[GT][4];
+  for (int g = 0; g < GT; ++g)
+    for (int p = 0; p < 4; ++p) acc[g][p] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 k0v = load8(k0 + d), k1v = load8(k0 + stride + d);
+    const __m256 k2v = load8(k0 + 2 * stride + d), k3v = load8(k0 + 3 * stride + d);
+    for (int g = 0; g < GT; ++g) {
+      const __m256 qv = _mm256_loadu_ps(qg + g * D + d);
+      acc[g][0] = _mm256_fmadd_ps(qv, k0v, acc[g][0]);
+      acc[g][1] = _mm256_fmadd_ps(qv, k1v, acc[g][1]);
+      acc[g][2] = _mm256_fmadd_ps(qv, k2v, acc[g][2]);
+      acc[g][3] = _mm256_fmadd_ps(qv, k3v, acc[g][3]);
+    }
+  }
+  for (int g = 0; g < GT; ++g) {
+    // hadd twice leaves each chain's two 128-bit halves summed in lane order 0..3.
+    const __m256 h4 = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][0], acc[g][1]),
+                                     _mm256_hadd_ps(acc[g][2], acc[g][3]));
+    const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h4), _mm256_extractf128_ps(h4, 1));
+    _mm_storeu_ps(out + g * W, _mm_mul_ps(sum, sc));
+  }
+}
+
 // q [B, Hq, D] -> scores [B, Hq, nb * bs], scaled; -inf where a row's query does not look.
-// One task per (row, block): the block's keys are read once, contiguously, for every head.
-// Four positions at a time, for each head four independent multiply-add chains (one chain
-// per dot product left the core waiting on each add's latency) and one shared horizontal sum.
+// One task per (row, block): the block's keys are read once, contiguously, for every head,
+// while the next task's block is fetched. Four positions at a time; each key vector is loaded
+// once for the (up to three) query heads that share its kv head, with one independent
+// multiply-add chain per (head, position) so the core never waits on an add's latency.
 template <typename KV>
 void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& k,
                  const torch::Tensor& table, const torch::Tensor& lens, int64_t bs, double scale,
@@ -73,7 +114,13 @@ void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& 
   const int64_t* L = lens.data_ptr<int64_t>();
   float* S = s.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  const __m128 sc4 = _mm_set1_ps(sc);
   const float off = -std::numeric_limits<float>::infinity();
+  // The block a task reads: nullptr for one it does not read (past the row's end).
+  auto block_of = [&](int64_t t) -> const KV* {
+    const int64_t b = t / nb, j = t % nb;
+    return j * bs < L[b] ? K + T[b * nb + j] * bs * stride : nullptr;
+  };
   at::parallel_for(0, B * nb, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / nb, j = t % nb, len = L[b], lo = first_seen(len, window);
@@ -91,29 +138,28 @@ void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& 
         std::fill(out, out + i0, off);
         std::fill(out + i1, out + bs, off);
       }
-      // Positions outer, heads inner: the block is read front to back, every kv head of a
-      // position together.
+      // The next block this thread reads (the next tasks past a row's end read nothing).
+      const KV* next = nullptr;
+      for (int64_t u = t + 1; u < t1 && next == nullptr && u < t + nb + 1; ++u) next = block_of(u);
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4) {
         const KV* k0 = block + i * stride;
-        for (int64_t h = 0; h < Hq; ++h) {
-          const float* qh = Q + (b * Hq + h) * D;
-          const KV* kh = k0 + (h / G) * D;
-          __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-          for (int64_t d = 0; d < D; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(qh + d);
-            a0 = _mm256_fmadd_ps(qv, load8(kh + d), a0);
-            a1 = _mm256_fmadd_ps(qv, load8(kh + stride + d), a1);
-            a2 = _mm256_fmadd_ps(qv, load8(kh + 2 * stride + d), a2);
-            a3 = _mm256_fmadd_ps(qv, load8(kh + 3 * stride + d), a3);
-          }
-          // hadd twice leaves each chain's two 128-bit halves summed in lane order 0..3.
-          const __m256 h4 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-          const __m128 sum =
-              _mm_add_ps(_mm256_castps256_ps128(h4), _mm256_extractf128_ps(h4, 1));
-          _mm_storeu_ps(S + (b * Hq + h) * W + j * bs + i, _mm_mul_ps(sum, _mm_set1_ps(sc)));
+        if (next != nullptr) prefetch(next + i * stride, 4 * stride);
+        for (int64_t g = 0; g < Hkv; ++g) {
+          int64_t h = g * G;
+          const int64_t h_end = h + G;
+          for (; h + 3 <= h_end; h += 3)
+            dot4<KV, 3>(Q + (b * Hq + h) * D, k0 + g * D, stride, D,
+                        S + (b * Hq + h) * W + j * bs + i, W, sc4);
+          if (h_end - h == 2)
+            dot4<KV, 2>(Q + (b * Hq + h) * D, k0 + g * D, stride, D,
+                        S + (b * Hq + h) * W + j * bs + i, W, sc4);
+          else if (h_end - h == 1)
+            dot4<KV, 1>(Q + (b * Hq + h) * D, k0 + g * D, stride, D,
+                        S + (b * Hq + h) * W + j * bs + i, W, sc4);
         }
       }
+      if (next != nullptr && i < bs) prefetch(next + i * stride, (bs - i) * stride);
       for (; i < i1; ++i) {
         for (int64_t h = 0; h < Hq; ++h) {
           const float* qh = Q + (b * Hq + h) * D;
@@ -140,25 +186,51 @@ torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table
   return s;
 }
 
-// One (row, head)'s weighted sum of values over positions [lo, hi), added to `o` (or
-// written, when `first`), 8 * NV of its outputs held in NV registers across the positions
-// rather than loaded and stored at each one.
-template <typename KV, int NV>
-inline void mix_head(float* o, const float* p, const KV* V, const int64_t* blocks,
-                     int64_t lo, int64_t hi, int64_t bs, int64_t stride, int64_t off,
-                     bool first) {
-  __m256 acc[NV];
-  for (int v = 0; v < NV; ++v) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * v);
-  for (int64_t pos = lo; pos < hi; ++pos) {
-    const __m256 w = _mm256_set1_ps(p[pos]);
-    const KV* vh = V + (blocks[pos / bs] * bs + pos % bs) * stride + off;
-    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(w, load8(vh + 8 * v), acc[v]);
+// GT heads' weighted sums of one kv head's values over positions [lo, hi), 8 * NV outputs
+// each, added to `o` (or written, when `first`). The outputs stay in GT * NV registers across
+// the positions, and each value vector is loaded once for the GT heads that share it.
+// o: the first head's outputs (heads D apart); p: its probabilities (heads W apart);
+// V + off: the kv head's first value of slot 0.
+template <typename KV, int GT, int NV>
+inline void mix_group(float* o, int64_t D, const float* p, int64_t W, const KV* V,
+                      const int64_t* blocks, int64_t lo, int64_t hi, int64_t bs, int64_t stride,
+                      int64_t off, bool first) {
+  __m256 acc[GT][NV];
+  for (int g = 0; g < GT; ++g)
+    for (int v = 0; v < NV; ++v)
+      acc[g][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(o + g * D + 8 * v);
+  for (int64_t pos = lo; pos < hi;) {  // block by block: no division per position
+    const int64_t jb = pos / bs, end = std::min(hi, (jb + 1) * bs);
+    const KV* vb = V + blocks[jb] * bs * stride + off;
+    for (int64_t i = pos - jb * bs; pos < end; ++pos, ++i) {
+      const KV* vh = vb + i * stride;
+      __m256 w[GT];
+      for (int g = 0; g < GT; ++g) w[g] = _mm256_set1_ps(p[g * W + pos]);
+      for (int v = 0; v < NV; ++v) {
+        const __m256 x = load8(vh + 8 * v);
+        for (int g = 0; g < GT; ++g) acc[g][v] = _mm256_fmadd_ps(w[g], x, acc[g][v]);
+      }
+    }
   }
-  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, acc[v]);
+  for (int g = 0; g < GT; ++g)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + g * D + 8 * v, acc[g][v]);
+}
+
+// One kv head's query heads [h, h_end) over one chunk of NV * 8 outputs, three heads a pass.
+template <typename KV, int NV>
+inline void mix_heads(float* O, const float* P, int64_t h, int64_t h_end, int64_t D, int64_t W,
+                      const KV* V, const int64_t* blocks, int64_t lo, int64_t hi, int64_t bs,
+                      int64_t stride, int64_t off, bool first) {
+  for (; h + 3 <= h_end; h += 3)
+    mix_group<KV, 3, NV>(O + h * D, D, P + h * W, W, V, blocks, lo, hi, bs, stride, off, first);
+  if (h_end - h == 2)
+    mix_group<KV, 2, NV>(O + h * D, D, P + h * W, W, V, blocks, lo, hi, bs, stride, off, first);
+  else if (h_end - h == 1)
+    mix_group<KV, 1, NV>(O + h * D, D, P + h * W, W, V, blocks, lo, hi, bs, stride, off, first);
 }
 
 // probs [B, Hq, nb * bs] (softmax of the scores) -> out [B, Hq, D] = probs . values.
-// One task per row; with fewer rows than threads, one per (row, head).
+// One task per row; with fewer rows than threads, one per (row, kv head, chunk of outputs).
 template <typename KV>
 void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tensor& v,
               const torch::Tensor& table, const torch::Tensor& lens, int64_t bs,
@@ -171,34 +243,39 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
   const int64_t* T = table.data_ptr<int64_t>();
   const int64_t* L = lens.data_ptr<int64_t>();
   float* O = out.data_ptr<float>();
-  const int64_t split = B >= at::get_num_threads() ? 1 : Hq;
+  // Outputs a pass: 32 (3 heads x 4 registers of outputs, 3 of weights, 1 of values: all 16
+  // AVX2 registers), or what the head size allows.
+  const int64_t chunk = D % 32 == 0 ? 32 : D % 16 == 0 ? 16 : 8;
+  const int64_t parts = Hkv * (D / chunk);
+  const int64_t split = B >= at::get_num_threads() ? 1 : parts;
   // Positions a tile: every head's pass over a tile finds its values still in L1 (32
-  // positions x every kv head, 24 KB in fp32 at SmolLM2's shapes), where one pass per head
-  // over a whole long context read them from L2 or memory once per head.
+  // positions x every kv head, 24 KB in fp32 at SmolLM2's shapes), while the next tile is
+  // fetched into L2.
   constexpr int64_t tile = 32;
   at::parallel_for(0, B * split, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / split, len = L[b], lo = first_seen(len, window);
-      const int64_t h0 = split == 1 ? 0 : t % split, h1 = split == 1 ? Hq : h0 + 1;
+      const int64_t c0 = split == 1 ? 0 : t % split, c1 = split == 1 ? parts : c0 + 1;
       const int64_t* blocks = T + b * nb;
+      // The values this task reads of a position: all, or its kv head's chunk.
+      const int64_t seen = split == 1 ? 0 : (c0 / (D / chunk)) * D + (c0 % (D / chunk)) * chunk;
+      const int64_t width = split == 1 ? stride : chunk;
       for (int64_t a = lo; a < len || a == lo; a += tile) {
         const int64_t z = std::min(len, a + tile);
+        for (int64_t n = z; n < std::min(len, z + tile); ++n)
+          prefetch(V + (blocks[n / bs] * bs + n % bs) * stride + seen, width);
         const bool first = a == lo;
-        for (int64_t h = h0; h < h1; ++h) {
-          float* o = O + (b * Hq + h) * D;
-          const float* p = P + (b * Hq + h) * W;
-          const int64_t off = (h / G) * D;
-          if (D % 64 == 0) {  // 64 outputs a pass: 8 accumulators, registers to spare
-            for (int64_t d = 0; d < D; d += 64)
-              mix_head<KV, 8>(o + d, p, V, blocks, a, z, bs, stride, off + d, first);
-          } else if (D == 32) {
-            mix_head<KV, 4>(o, p, V, blocks, a, z, bs, stride, off, first);
-          } else if (D == 16) {
-            mix_head<KV, 2>(o, p, V, blocks, a, z, bs, stride, off, first);
-          } else {  // any other multiple of 8: eight outputs a pass
-            for (int64_t d = 0; d < D; d += 8)
-              mix_head<KV, 1>(o + d, p, V, blocks, a, z, bs, stride, off + d, first);
-          }
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t g = c / (D / chunk), d = (c % (D / chunk)) * chunk;
+          float* o = O + b * Hq * D + d;
+          const float* p = P + b * Hq * W;
+          const int64_t off = g * D + d;
+          if (chunk == 32)
+            mix_heads<KV, 4>(o, p, g * G, g * G + G, D, W, V, blocks, a, z, bs, stride, off, first);
+          else if (chunk == 16)
+            mix_heads<KV, 2>(o, p, g * G, g * G + G, D, W, V, blocks, a, z, bs, stride, off, first);
+          else
+            mix_heads<KV, 1>(o, p, g * G, g * G + G, D, W, V, blocks, a, z, bs, stride, off, first);
         }
       }
     }
