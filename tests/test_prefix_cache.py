@@ -174,6 +174,73 @@ def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
     assert res.seqs[0].output_token_ids == res.seqs[1].output_token_ids
 
 
+def test_the_step_budget_charges_only_what_is_not_cached(tiny: Any) -> None:
+    """Three questions on a prefix the first request left cached: under a 56-token step
+    budget (the least that admits a 47-token prompt with 4 tokens to generate) each is
+    charged its 7 uncached tokens, not its 47-token prompt, so all three are admitted in
+    one step beside the first request's decode (as vLLM's scheduler charges). Charged
+    the whole prompt, only one would fit a step."""
+    from framework.engine.request import RequestSpec, SamplingParams
+
+    model, tok = tiny
+    prefix = list(range(100, 140))  # 40 tokens: ten full blocks
+    specs = [
+        RequestSpec(
+            f"q{i}",
+            prefix + [200 + 10 * i + j for j in range(7)],
+            SamplingParams(max_tokens=4, ignore_eos=True),
+        )
+        for i in range(4)
+    ]
+    cfg = make_cfg(
+        "model=tiny",
+        f"engine.block_size={BS}",
+        "allocator=prefix_cache",
+        "engine.max_num_seqs=4",
+        "engine.max_num_batched_tokens=56",
+    )
+    res = run_engine(cfg, model, tok, specs)  # invariant checks on: the budget every step
+    admitted = [st.admitted for st in res.steps]
+    assert admitted[:2] == [1, 3]
+    assert res.steps[1].prefill_tokens == 3 * 7 and res.steps[1].decode_tokens == 1
+    assert summarize(res)["prefix_hit_tokens"] == 3 * 40
+    for seq in res.seqs:
+        ref = hf_greedy(model, seq.spec.prompt_token_ids, 4, None)
+        check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, ref)
+
+
+def test_chunked_prefill_chunks_only_what_is_not_cached(tiny: Any) -> None:
+    """Under `scheduler=chunked` a request that finds 40 of its 47 tokens cached is chunked
+    over its 7 uncached ones: it takes one step, not ceil(47 / chunk) of them."""
+    from framework.engine.request import RequestSpec, SamplingParams
+
+    model, tok = tiny
+    prefix = list(range(100, 140))
+    specs = [
+        RequestSpec(
+            f"q{i}",
+            prefix + [200 + 10 * i + j for j in range(7)],
+            SamplingParams(max_tokens=3, ignore_eos=True),
+        )
+        for i in range(2)
+    ]
+    cfg = make_cfg(
+        "model=tiny",
+        f"engine.block_size={BS}",
+        "allocator=prefix_cache",
+        "scheduler=chunked",
+        "scheduler.chunk_size=8",
+        "engine.max_num_seqs=1",
+    )
+    res = run_engine(cfg, model, tok, specs)
+    # q0: 47 tokens in chunks of 8 (6 steps, the last samples), then 2 decodes; q1: its 7
+    # uncached tokens in one step, then 2 decodes.
+    assert [st.prefill_tokens for st in res.steps] == [8, 8, 8, 8, 8, 7, 0, 0, 7, 0, 0]
+    for seq in res.seqs:
+        ref = hf_greedy(model, seq.spec.prompt_token_ids, 3, None)
+        check_same_greedy(model, seq.spec.prompt_token_ids, seq.id, seq.output_token_ids, ref)
+
+
 # ---- scheduler=lpm -------------------------------------------------------------------------
 
 

@@ -160,7 +160,8 @@ class EngineView:
         """How many of `seq`'s leading tokens the prefix cache holds now (whole blocks, at
         most its length minus one); 0 without a prefix cache. A cache-aware scheduler's
         signal (`scheduler=lpm`). Each call hashes the prompt's blocks: cheap for a few,
-        not for every request of a long queue."""
+        not for every request of a long queue. For a waiting request it also sets what
+        its `step_tokens` leaves out (`Sequence.cached_prefix`)."""
         return 0 if self.cached is None else self.cached(seq)
 
     def step_tokens(self) -> int:
@@ -178,7 +179,11 @@ class EngineView:
     def tokens_for(self, seq: Sequence, budget: int) -> int:
         """Tokens `seq` would compute in the next forward with `budget` tokens of the step
         left: the scheduler's `Scheduler.chunk`, or all it has pending where the view has no
-        chunk rule. What `admit_in_order` charges a waiting request."""
+        chunk rule. What `admit_in_order` charges a waiting request: under a prefix cache,
+        only what it does not find cached (looked up now, so `seq.step_tokens` and the
+        chunk rule see the same)."""
+        if self.cached is not None:
+            self.cached(seq)
         if self.chunk_rule is None:
             return seq.step_tokens
         return self.chunk_rule(seq, budget)

@@ -520,6 +520,8 @@ class Engine:
                 raise self._fail("scheduler", f"admitted {seq.id}, which is not waiting")
             chosen.add(id(seq))
             rows += 1
+            if self.cache is not None:  # charged what it does not find cached (as it is now)
+                self._cached_tokens(seq)
             n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens)
             if n != seq.step_tokens:
                 chunks[seq] = n
@@ -556,7 +558,12 @@ class Engine:
         return self.cache.match(seq.tokens_from(0), (seq.num_tokens - 1) // bs)
 
     def _cached_tokens(self, seq: Sequence) -> int:
-        return len(self._hits(seq)) * self.pool.block_size
+        """`seq`'s leading tokens in the prefix cache now; a waiting request's forward would
+        skip them, so its `step_tokens` leaves them out from here until its admission."""
+        n = len(self._hits(seq)) * self.pool.block_size
+        if seq.status is Status.WAITING:
+            seq.cached_prefix = n
+        return n
 
     def _price(self, seq: Sequence) -> int:
         """Free blocks admitting `seq` takes: the allocator's price, less the cached blocks
@@ -618,16 +625,29 @@ class Engine:
         kept, finished = 0, []
         if admit and self.held:  # the rows change: held tokens must reach their requests first
             kept, finished = self._apply(self._drain(len(self.held)))
-        for seq in admit:
+        # Every admission's cached blocks are taken before any fresh block is handed out:
+        # a fresh allocation may evict a cached block nobody holds, and one that a later
+        # admission of this step was charged as cached must still be there for it.
+        # Each takes exactly the cached blocks it was charged for (a block published since
+        # would change the chunk the scheduler chose).
+        bs = self.pool.block_size
+        hits = [self._hits(seq)[: seq.cached_prefix // bs] for seq in admit]
+        if self.cache is not None:
+            for seq, held in zip(admit, hits, strict=True):
+                if len(held) * bs != seq.cached_prefix:
+                    raise RuntimeError(
+                        f"engine: {seq.id} was charged for {seq.cached_prefix} cached tokens "
+                        f"and finds {len(held) * bs}"
+                    )
+                self.cache.share(seq.id, held)
+        for seq, held in zip(admit, hits, strict=True):
             self.waiting.remove(seq)
             n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
-            hits = self._hits(seq)
-            if self.cache is not None:
-                self.cache.share(seq.id, hits)
-            seq.block_table = hits + self.pool.allocate(seq.id, max(0, n - len(hits)))
-            if hits:  # its forward starts after the cached blocks, reading them
-                seq.num_computed = len(hits) * self.pool.block_size
-            seq.prefix_published = len(hits)
+            seq.block_table = held + self.pool.allocate(seq.id, max(0, n - len(held)))
+            seq.cached_prefix = 0
+            if held:  # its forward starts after the cached blocks, reading them
+                seq.num_computed = len(held) * self.pool.block_size
+            seq.prefix_published = len(held)
             if self.cache is not None:
                 cached = seq.num_computed
                 if seq.preemptions:

@@ -34,6 +34,10 @@ class Sequence:
     # while num_computed is below it.
     prefill_end: int = 0
     prefix_published: int = 0  # leading blocks of its table published (prefix caching)
+    # While waiting: the leading tokens the prefix cache held when the engine last looked
+    # (admission). The forward of an admission now skips them, so they are not charged to
+    # the step's token budget (as vLLM's scheduler does); 0 once admitted.
+    cached_prefix: int = 0
     finish_reason: str | None = None
     reject_reason: str | None = None
     preemptions: int = 0
@@ -111,7 +115,7 @@ class Sequence:
         out = len(self.output_token_ids) + self.num_held
         if out >= self.spec.sampling.max_tokens:
             return 1
-        return self._prompt_len + out - self.num_computed
+        return self._prompt_len + out - self.num_computed - self.cached_prefix
 
     @property
     def finished(self) -> bool:
