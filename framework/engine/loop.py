@@ -149,6 +149,10 @@ class Engine:
         self._chunks: dict[Sequence, int] = {}
         # Prefix caching: the pool shares published blocks (`allocator=prefix_cache`).
         self.cache = pool if isinstance(pool, PrefixCachingPool) else None
+        # Waiting requests whose `cached_prefix` was looked up: cleared at the next
+        # admission, so a hint never outlives the step it was taken in (the blocks it
+        # counted may be evicted since, and a scheduler may read `step_tokens` directly).
+        self._hinted: list[Sequence] = []
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
@@ -509,6 +513,10 @@ class Engine:
         self.waiting.appendleft(seq)
 
     def _choose_admissions(self) -> list[Sequence]:
+        for seq in self._hinted:
+            if seq.status is Status.WAITING:
+                seq.cached_prefix = 0
+        self._hinted.clear()
         chunks, tokens = self._plan_running()
         view = self._view(planned_tokens=tokens)
         admit = self.p.scheduler.admit(view)
@@ -563,6 +571,7 @@ class Engine:
         n = len(self._hits(seq)) * self.pool.block_size
         if seq.status is Status.WAITING:
             seq.cached_prefix = n
+            self._hinted.append(seq)
         return n
 
     def _price(self, seq: Sequence) -> int:
