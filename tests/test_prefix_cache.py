@@ -174,24 +174,30 @@ def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
     assert res.seqs[0].output_token_ids == res.seqs[1].output_token_ids
 
 
+def questions_on_one_prefix(n: int, max_tokens: int) -> list[Any]:
+    """`n` prompts of 47 tokens: one 40-token prefix (ten full blocks) and 7 tokens each of
+    their own, queued in order."""
+    from framework.engine.request import RequestSpec, SamplingParams
+
+    prefix = list(range(100, 140))
+    return [
+        RequestSpec(
+            f"q{i}",
+            prefix + [200 + 10 * i + j for j in range(7)],
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        )
+        for i in range(n)
+    ]
+
+
 def test_the_step_budget_charges_only_what_is_not_cached(tiny: Any) -> None:
     """Three questions on a prefix the first request left cached: under a 56-token step
     budget (the least that admits a 47-token prompt with 4 tokens to generate) each is
     charged its 7 uncached tokens, not its 47-token prompt, so all three are admitted in
     one step beside the first request's decode (as vLLM's scheduler charges). Charged
     the whole prompt, only one would fit a step."""
-    from framework.engine.request import RequestSpec, SamplingParams
-
     model, tok = tiny
-    prefix = list(range(100, 140))  # 40 tokens: ten full blocks
-    specs = [
-        RequestSpec(
-            f"q{i}",
-            prefix + [200 + 10 * i + j for j in range(7)],
-            SamplingParams(max_tokens=4, ignore_eos=True),
-        )
-        for i in range(4)
-    ]
+    specs = questions_on_one_prefix(4, max_tokens=4)
     cfg = make_cfg(
         "model=tiny",
         f"engine.block_size={BS}",
@@ -212,18 +218,8 @@ def test_the_step_budget_charges_only_what_is_not_cached(tiny: Any) -> None:
 def test_chunked_prefill_chunks_only_what_is_not_cached(tiny: Any) -> None:
     """Under `scheduler=chunked` a request that finds 40 of its 47 tokens cached is chunked
     over its 7 uncached ones: it takes one step, not ceil(47 / chunk) of them."""
-    from framework.engine.request import RequestSpec, SamplingParams
-
     model, tok = tiny
-    prefix = list(range(100, 140))
-    specs = [
-        RequestSpec(
-            f"q{i}",
-            prefix + [200 + 10 * i + j for j in range(7)],
-            SamplingParams(max_tokens=3, ignore_eos=True),
-        )
-        for i in range(2)
-    ]
+    specs = questions_on_one_prefix(2, max_tokens=3)
     cfg = make_cfg(
         "model=tiny",
         f"engine.block_size={BS}",
