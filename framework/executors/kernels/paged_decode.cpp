@@ -246,7 +246,7 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
   // Outputs a pass: 32 (3 heads x 4 registers of outputs, 3 of weights, 1 of values: all 16
   // AVX2 registers), or what the head size allows.
   const int64_t chunk = D % 32 == 0 ? 32 : D % 16 == 0 ? 16 : 8;
-  const int64_t parts = Hkv * (D / chunk);
+  const int64_t per_head = D / chunk, parts = Hkv * per_head;  // chunks: a head's, all
   const int64_t split = B >= at::get_num_threads() ? 1 : parts;
   // Positions a tile: every head's pass over a tile finds its values still in L1 (32
   // positions x every kv head, 24 KB in fp32 at SmolLM2's shapes), while the next tile is
@@ -258,7 +258,7 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
       const int64_t c0 = split == 1 ? 0 : t % split, c1 = split == 1 ? parts : c0 + 1;
       const int64_t* blocks = T + b * nb;
       // The values this task reads of a position: all, or its kv head's chunk.
-      const int64_t seen = split == 1 ? 0 : (c0 / (D / chunk)) * D + (c0 % (D / chunk)) * chunk;
+      const int64_t seen = split == 1 ? 0 : (c0 / per_head) * D + (c0 % per_head) * chunk;
       const int64_t width = split == 1 ? stride : chunk;
       for (int64_t a = lo; a < len || a == lo; a += tile) {
         const int64_t z = std::min(len, a + tile);
@@ -266,7 +266,7 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
           prefetch(V + (blocks[n / bs] * bs + n % bs) * stride + seen, width);
         const bool first = a == lo;
         for (int64_t c = c0; c < c1; ++c) {
-          const int64_t g = c / (D / chunk), d = (c % (D / chunk)) * chunk;
+          const int64_t g = c / per_head, d = (c % per_head) * chunk;
           float* o = O + b * Hq * D + d;
           const float* p = P + b * Hq * W;
           const int64_t off = g * D + d;
