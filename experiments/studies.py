@@ -253,7 +253,9 @@ STUDIES: dict[str, Study] = {
     ),
     "deferral": Study(
         title="Deferred readback: the window sweep",
-        labels=[("window", _window)],
+        # Whether the device ran beside the host (a GPU, or a simulated one): there a
+        # held step lets the host's work hide behind the forward.
+        labels=[("window", _window), ("overlap", _metric("overlap"))],
         columns=metrics(
             "requests",
             "steps",

@@ -78,9 +78,10 @@ def simulated(
     replay: dict[str, list[int]] | None = None,
     host_model: bool = False,
     readback_s: float = 0.0,
+    overlap: bool = False,
 ) -> RunResult:
     """The same engine over the tiny model's shape, its executor and clock swapped."""
-    return simulated_engine(tiny, overrides, replay, host_model, readback_s).run(
+    return simulated_engine(tiny, overrides, replay, host_model, readback_s, overlap).run(
         specs, tiny[1].eos_token_id
     )
 
@@ -91,13 +92,15 @@ def simulated_engine(
     replay: dict[str, list[int]] | None = None,
     host_model: bool = False,
     readback_s: float = 0.0,
+    overlap: bool = False,
 ) -> Any:
     model, tok = tiny
     engine = build_engine(cfg_for(overrides), model, torch.device("cpu"), torch.float32, Hooks())
     cost = LinearCost()
     tokens = TokenStreams(model.config.vocab_size, tok.eos_token_id, replay)
-    engine.executor = SimulatedExecutor(cost, tokens, readback_s=readback_s)
-    engine.clock = VirtualClock(host_s=cost.host.seconds if host_model else None)
+    engine.executor = SimulatedExecutor(cost, tokens, readback_s=readback_s, overlap=overlap)
+    host = cost.host.seconds if host_model else None
+    engine.clock = VirtualClock(host_s=host, overlap=overlap)
     return engine
 
 
@@ -244,6 +247,72 @@ def test_a_simulated_readback_costs_the_profiles_seconds(tiny: Any, output: tupl
     assert priced.steps[-1].time - free.steps[-1].time == pytest.approx(readback, rel=1e-9)
 
 
+TIMES = ("makespan_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s")
+
+
+def test_with_immediate_output_a_device_beside_the_host_changes_nothing(tiny: Any) -> None:
+    """Every step drains at once, so the host waits for each step's device work before it
+    goes on: the same times as a clock on which host and forward take turns."""
+    at_once = [spec(i, [3 + i] * (2 + i), 5 + i, True) for i in range(8)]
+    over = ("engine.max_num_seqs=3", "output=immediate")
+    turns, beside = (
+        summarize(simulated(tiny, over, at_once, host_model=True, readback_s=1e-4, overlap=o))
+        for o in (False, True)
+    )
+    assert {k: turns[k] for k in SAME} == {k: beside[k] for k in SAME}
+    assert {k: beside[k] for k in TIMES} == pytest.approx({k: turns[k] for k in TIMES}, rel=1e-9)
+    assert beside["overlap"] == "host and device" and turns["overlap"] == "none"
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_deferred_output_hides_host_work_behind_a_device_beside_the_host(
+    tiny: Any, window: int
+) -> None:
+    """Held steps let the engine's host work (and the copies home, on their own stream) run
+    while the device computes: the run ends sooner, by no more than the host work and copies
+    there were to hide. The host's own timeline (its phases, its waits, its copies) is the
+    clock; the device's seconds run beside it."""
+    at_once = [spec(i, [3 + i] * (2 + i), 9 + i, True) for i in range(8)]
+    over = ("engine.max_num_seqs=3", "output=deferred", f"window={window}")
+    turns, beside = (
+        simulated(tiny, over, at_once, host_model=True, readback_s=1e-4, overlap=o)
+        for o in (False, True)
+    )
+    a, b = summarize(turns), summarize(beside)
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    hideable = sum(st_.phase_s["host"] + st_.phase_s.get("readback", 0) for st_ in turns.steps)
+    assert a["makespan_s"] - hideable <= b["makespan_s"] < a["makespan_s"]
+    device = ("forward", "sample")
+    assert beside.steps[-1].time == pytest.approx(
+        sum(v for st_ in beside.steps for k, v in st_.phase_s.items() if k not in device),
+        rel=1e-12,
+    )
+    assert sum(st_.phase_s.get("wait", 0.0) for st_ in beside.steps) > 0
+    assert all("wait" not in st_.phase_s for st_ in turns.steps)
+    times = [st_.time for st_ in beside.steps]
+    assert times == sorted(times)
+    for s in beside.seqs:
+        assert s.arrival <= s.admitted_at <= s.first_token_at <= s.finished_at
+        assert s.token_times == sorted(s.token_times)
+
+
+def test_the_device_runs_one_step_at_a_time_and_tokens_wait_for_it() -> None:
+    """The clock alone: a step's device work starts after the one before it ends and after
+    its inputs are prepared; a drain returns no sooner than its newest step's copy."""
+    clock = VirtualClock(host_s=lambda rows: 0.5, overlap=True)
+    clock.start()
+    clock.executing(1)
+    ready1, waited1 = clock.executed(0.25, 2.0)  # host 0.5 + prepare 0.25, then 2 s of device
+    assert (ready1, waited1) == (2.75, 0.0) and clock.now() == 0.75
+    clock.executing(1)  # 0.5 s of host work hides behind the device
+    ready2, waited2 = clock.executed(0.25, 2.0)  # the copies wait until 2.75
+    assert waited2 == pytest.approx(1.5) and ready2 == pytest.approx(5.0)
+    waited, copy = clock.fetched(ready2, 0.1)
+    assert (waited, copy) == (pytest.approx(2.0), pytest.approx(0.1))
+    assert clock.now() == pytest.approx(5.1)
+    assert clock.fetched(ready1, 0.1) == (0.0, 0.0)  # long home already
+
+
 def test_the_adaptive_window_reads_the_predicted_readback(tiny: Any) -> None:
     """Under the simulator the output policies' transfer cost is the profile's readback (at
     the run's speed), not the wall time of joining host lists."""
@@ -300,6 +369,7 @@ def test_a_simulated_run_from_the_command_line_says_what_it_is(
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert (m["executor"], m["clock"], m["cost_model"]) == ("simulated", "virtual", "analytic")
     assert m["profile"].endswith(f"{H100}.yaml") and m["token_slots"] == 60
+    assert m["overlap"] == "host and device"  # a GPU's profile: the device runs beside the host
     assert (tmp_path / "steps.csv").exists() and (tmp_path / "outputs.jsonl").exists()
 
 
@@ -344,6 +414,7 @@ def test_speed_divides_every_predicted_second(
         assert status == 0, err[-3000:]
         got[name] = json.loads((tmp_path / name / "metrics.json").read_text())
     one, half = got["one"], got["half"]
+    assert one["overlap"] == "none"  # measured on no GPU: host and forward take turns
     assert "speed" not in one and half["speed"] == "0.5"
     assert got["compute"]["compute_speed"] == "0.5" and "compute_speed" not in got["both"]
     assert half["makespan_s"] == pytest.approx(2 * one["makespan_s"], rel=1e-9)
@@ -416,6 +487,8 @@ def test_measured_host_time_adds_the_real_executors_preparation(
         (("executor.speed=0",), "executor.speed must be > 0 (1: the profile's machine); got 0"),
         (("executor.compute_speed=-1",), "executor.compute_speed must be > 0, or null for"),
         (("executor=model", "executor.replay=x"), "executor.replay applies to executor=simulated"),
+        (("executor.overlap=maybe",), "executor.overlap must be auto (a GPU profile: true, a"),
+        (("executor=model", "executor.overlap=true"), "executor.overlap applies to executor=sim"),
         (("executor.profile=",), "no shipped profile for LlamaForCausalLM-L2-H64-A4-KV2-V49152"),
     ],
 )
@@ -470,3 +543,4 @@ def test_sweeps_studies_plots_and_mlflow_work_under_the_simulator(
         assert r.data.tags["nanoserve.executor"] == "simulated"
         assert r.data.tags["nanoserve.cost_model"] == "analytic"
         assert r.data.tags["nanoserve.clock"] == "virtual"
+        assert r.data.tags["nanoserve.overlap"] == "host and device"

@@ -8,6 +8,13 @@ wait for an arrival goes through it.
   `model` adds a per-step and per-row cost instead (deterministic: two runs give identical
   metrics, and right for a machine that is not this one). The executor's own work (for a
   simulator, its prediction) never enters the virtual clock: it is frozen during the call.
+
+  On a CPU the forward runs on the host's own cores, so host and executor take turns. A GPU
+  runs its queue while the host goes on (`overlap`): a step's device seconds then run from
+  its launch, and the host waits for them only where the real engine does, at its next
+  blocking host-to-device copies (the executor's input tensors) and when it drains held
+  tokens. Under immediate output every step drains at once, so both ways give the same
+  times; deferred output lets the engine's host work hide behind the device.
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ class Clock(Protocol):
     def executing(self, rows: int) -> None:
         """The executor is called next, for a batch of `rows` rows."""
 
-    def executed(self, seconds: float) -> None:
-        """The executor returned; it says the call took `seconds`."""
+    def executed(self, host_s: float, device_s: float) -> tuple[float, float]:
+        """The executor returned: it spent `host_s` preparing the step's inputs and the
+        device `device_s` on the forward and sampling. Returns when the step's tokens exist
+        on the device and how long the host waited for the device before preparing (both 0
+        on a clock that only reads the time)."""
 
-    def spend(self, seconds: float) -> None:
-        """Device time outside the executor's call that an executor predicts rather than
-        spends (a simulated readback of sampled tokens)."""
+    def fetched(self, ready_at: float, readback_s: float) -> tuple[float, float]:
+        """Held tokens whose device work ends at `ready_at` are brought home by a copy that
+        an executor predicts rather than does (`readback_s`). Returns the seconds the host
+        waited for the device, and for the copy."""
 
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """A step's seconds by phase, as this clock counted them (`StepStats.phase_s`)."""
@@ -65,11 +76,13 @@ class WallClock:
     def executing(self, rows: int) -> None:
         """Real time passes by itself during the call."""
 
-    def executed(self, seconds: float) -> None:
+    def executed(self, host_s: float, device_s: float) -> tuple[float, float]:
         """Already elapsed."""
+        return 0.0, 0.0
 
-    def spend(self, seconds: float) -> None:
+    def fetched(self, ready_at: float, readback_s: float) -> tuple[float, float]:
         """Real time has passed by itself."""
+        return 0.0, 0.0
 
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """Measured as they happened."""
@@ -78,7 +91,8 @@ class WallClock:
 class VirtualClock:
     """Simulated seconds. With `host_s` (the `model` host time) the clock moves only by what
     it is told; without it (`measured`), the real time the engine spends between executor
-    calls flows into it too."""
+    calls flows into it too. The clock is the host's; with `overlap` the device keeps its
+    own timeline (`device_free`: when the work queued so far ends)."""
 
     name = "virtual"
 
@@ -86,15 +100,19 @@ class VirtualClock:
         self,
         host_s: Callable[[int], float] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        overlap: bool = False,
     ) -> None:
         self.host_s = host_s
         self.timer = timer
+        self.overlap = overlap
         self._t = 0.0
         self._mark = timer()
+        self.device_free = 0.0
 
     def start(self) -> None:
         self._t = 0.0
         self._mark = self.timer()
+        self.device_free = 0.0
 
     def now(self) -> float:
         if self.host_s is not None:
@@ -112,13 +130,35 @@ class VirtualClock:
         else:  # freeze: fold the host time so far in, and stop it flowing
             self._t = self.now()
 
-    def executed(self, seconds: float) -> None:
-        self._t += max(0.0, seconds)
+    def executed(self, host_s: float, device_s: float) -> tuple[float, float]:
+        host_s, device_s = max(0.0, host_s), max(0.0, device_s)
+        waited = 0.0
+        if self.overlap:
+            # The inputs' blocking copies wait for the device's queue; the launch returns
+            # at once and the device runs the step from there.
+            waited = max(0.0, self.device_free - self._t)
+            self._t += waited + host_s
+            self.device_free = self._t + device_s
+            ready = self.device_free
+        else:
+            self._t += host_s + device_s
+            ready = self._t
         self._mark = self.timer()
+        return ready, waited
 
-    def spend(self, seconds: float) -> None:
-        """Added as it is (the host time flowing in under `measured` keeps flowing)."""
-        self._t += max(0.0, seconds)
+    def fetched(self, ready_at: float, readback_s: float) -> tuple[float, float]:
+        """Added to the host's time as it is (the host time flowing in under `measured`
+        keeps flowing). With `overlap` each step's copy starts on a second stream as its
+        sampling ends, so the host waits until the newest drained step's copy is done."""
+        readback_s = max(0.0, readback_s)
+        if not self.overlap:
+            self._t += readback_s
+            return 0.0, readback_s
+        now = self.now()
+        waited = max(0.0, ready_at - now)
+        copy = max(0.0, ready_at + readback_s - max(now, ready_at))
+        self._t += waited + copy
+        return waited, copy
 
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """Modelled host time replaces the measured phases: what the clock advanced by is

@@ -11,12 +11,16 @@ from typing import Any
 
 PHASES = (
     "schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host",
-    "readback",
+    "readback", "wait",
 )  # fmt: skip
 # The engine's own work, measured phase by phase; under a simulation's modelled host time
 # (`executor.host_time=model`) they read 0 and the modelled cost is `host` instead.
 # `readback` is a simulation's predicted readbacks of sampled tokens (the profile's
-# `readback_s` per transfer); a real run's readbacks are timed inside `output`.
+# `readback_s` per transfer); a real run's readbacks are timed inside `output`. `wait` is a
+# simulated GPU's (`executor.overlap`): the host standing idle while the device finishes
+# earlier work. There `forward` and `sample` are the device's seconds, which run beside the
+# host's phases, so a step's phases add up to more than its time; the host's own timeline
+# is every phase but those two.
 HOST_PHASES = ("schedule", "allocate", "build", "output", "apply", "hooks")
 
 

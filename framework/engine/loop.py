@@ -98,6 +98,9 @@ class _Held:
     discard: list[bool]
     pending: Pending
     window: float  # the output policy's window when these were sampled
+    # When these tokens exist on the device, on a virtual clock whose device runs apart
+    # from the host (`VirtualClock.overlap`); unread otherwise.
+    ready_at: float = 0.0
 
     @property
     def kept_rows(self) -> int:
@@ -123,6 +126,7 @@ class Engine:
         # None: timed as it happens. Read when a run starts; summed per step for its phases.
         self._readback_s: float | None = None
         self._step_readback_s = 0.0
+        self._step_wait_s = 0.0  # the host waiting for a simulated device (`phase_s["wait"]`)
         self.pool = pool
         self.scratch_block = scratch_block
         self.p = policies
@@ -236,7 +240,7 @@ class Engine:
             phase[name] = phase.get(name, 0.0) + now - t
             t = now
 
-        self._step_readback_s = 0.0
+        self._step_readback_s = self._step_wait_s = 0.0
         now = self.now()
         while self.pending and self.pending[0].arrival <= now:
             seq = self.pending.popleft()
@@ -277,8 +281,10 @@ class Engine:
         lap("build")
         self.clock.executing(len(batch.rows))
         result = self.executor.execute(batch)
-        self.clock.executed(result.prepare_s + result.forward_s + result.sample_s)
+        ready_at, waited = self.clock.executed(result.prepare_s, result.forward_s + result.sample_s)
         phase["build"] += result.prepare_s  # host work, even though the executor does it
+        if waited:  # a simulated GPU still busy with the step before: the copies wait
+            self._step_wait_s += waited
         phase["forward"] = result.forward_s
         phase["sample"] = result.sample_s
         t = time.perf_counter()
@@ -305,6 +311,7 @@ class Engine:
             unkept,
             self.readback.start(result.tokens),
             self.p.output.window(),
+            ready_at,
         )
         self.held.append(held)
         self.counters.deferred_tokens += held.kept_rows
@@ -357,6 +364,8 @@ class Engine:
         lap("hooks")
         if self._step_readback_s:  # predicted, so apart from the host phases timed around it
             phase["readback"] = self._step_readback_s
+        if self._step_wait_s:
+            phase["wait"] = self._step_wait_s
         self.clock.account(phase, len(batch.rows))
         self.steps.append(stats)
         return stats
@@ -816,9 +825,10 @@ class Engine:
         if self._readback_s is None:
             self.costs.observe_transfer(time.perf_counter() - t)
         else:  # a simulator prices the readback it does not do, on its clock
-            self.costs.observe_transfer(self._readback_s)
-            self.clock.spend(self._readback_s)
-            self._step_readback_s += self._readback_s
+            waited, copy = self.clock.fetched(out_steps[-1].ready_at, self._readback_s)
+            self.costs.observe_transfer(waited + copy)  # what a real drain's timer reads
+            self._step_readback_s += copy
+            self._step_wait_s += waited
         self.counters.transfers += 1
         out: list[tuple[Sequence, bool, int, float]] = []
         i = 0

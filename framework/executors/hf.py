@@ -120,6 +120,9 @@ class HFExecutor:
             "executor": "model",
             "linears": self.linears.said("packed", "stock"),
             "decode_attention": self.decode.said("paged_kernel", "gather_sdpa"),
+            # A GPU runs its queue while the engine's host work goes on (deferred output
+            # lets it); a CPU's forward runs on the host's own cores.
+            "overlap": "host and device" if self.device.type == "cuda" else "none",
         }
 
     @torch.inference_mode()

@@ -55,6 +55,10 @@ class ExecutorConfig:
     # simulated: the forward's compute-bound seconds (prefill tokens, attention products)
     # divided by this instead of `speed`; null: `speed`. A machine of other FLOP/s per byte.
     compute_speed: float | None = None
+    # simulated: whether the device runs beside the host (a GPU: deferred output hides the
+    # engine's host work behind the forward) or they take turns (a CPU). auto: from the
+    # profile (analytic, or measured on CUDA: true); true | false to ask what-if.
+    overlap: Any = "auto"
 
 
 @dataclass
@@ -192,6 +196,17 @@ def check_model(m: Any) -> None:
         )
 
 
+def overlap_setting(value: Any) -> bool | None:
+    """`executor.overlap` as True / False, or None for auto (the profile's device)."""
+    text = str(value).strip().lower()
+    if text in ("auto", "true", "false"):
+        return None if text == "auto" else text == "true"
+    raise ValueError(
+        "executor.overlap must be auto (a GPU profile: true, a CPU one: false), true or "
+        f"false; got {value!r}"
+    )
+
+
 def check_executor(x: Any) -> None:
     """The executor's settings, named; the simulator's own ones are refused for the real
     executor rather than silently ignored."""
@@ -207,7 +222,12 @@ def check_executor(x: Any) -> None:
         raise ValueError(
             f"executor.compute_speed must be > 0, or null for executor.speed; got {x.compute_speed}"
         )
+    overlap_setting(x.overlap)
     if x.name == "model":
+        if overlap_setting(x.overlap) is not None:
+            raise ValueError(
+                "executor.overlap applies to executor=simulated (this run uses the model)"
+            )
         for key in ("profile", "replay", "compute_speed"):
             if x[key] is not None:
                 raise ValueError(

@@ -15,10 +15,16 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.engine.clock import VirtualClock
-from framework.executors.simulated.cost import CostModel, model_id, read_profile
+from framework.executors.simulated.cost import (
+    CostModel,
+    device_beside_host,
+    model_id,
+    read_profile,
+)
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.tokens import TokenStreams, read_replay
+from framework.run.config import overlap_setting
 
 PROFILES = Path(__file__).resolve().parents[1] / "executors" / "simulated" / "profiles"
 
@@ -105,7 +111,9 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
     host = None
     if x.host_time == "model":
         host = cost.host.seconds if speed == 1 else lambda rows: cost.host.seconds(rows) / speed
-    clock = VirtualClock(host_s=host)
+    asked = overlap_setting(x.overlap)
+    overlap = device_beside_host(cost) if asked is None else asked
+    clock = VirtualClock(host_s=host, overlap=overlap)
     compute = None if x.compute_speed is None else float(x.compute_speed)
     # Under measured host time the engine's own host work flows into the clock, but not the
     # real executor's tensor preparation, which a simulated step skips: a measured profile
@@ -113,5 +121,5 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
     prep = getattr(cost, "prepare", None)
     prepare = prep.seconds if prep is not None and host is None else None
     readback = float(getattr(cost, "readback_s", 0.0))  # analytic profiles have none yet
-    executor = SimulatedExecutor(cost, tokens, path, speed, compute, prepare, readback)
+    executor = SimulatedExecutor(cost, tokens, path, speed, compute, prepare, readback, overlap)
     return executor, clock

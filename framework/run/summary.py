@@ -40,7 +40,14 @@ def summarize(result: RunResult) -> dict[str, Any]:
     itl = [b - a for s in done for a, b in zip(s.token_times, s.token_times[1:], strict=False)]
     makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
     phase_total = {p: sum(st.phase_s.get(p, 0.0) for st in steps) for p in PHASES}
-    step_total = sum(phase_total.values())
+    # On a virtual clock whose device runs beside the host (a simulated GPU,
+    # `executor.overlap`), `forward` and `sample` are the device's seconds, spent while the
+    # host's phases go on: a step's time is the host's timeline, every other phase. (A real
+    # run times every phase on the host, waits included, so they all add up.)
+    beside = result.clock == "virtual" and result.executor.get("overlap") == "host and device"
+    step_total = sum(
+        v for p, v in phase_total.items() if not (beside and p in ("forward", "sample"))
+    )
     slots = counters.token_slots
     summary: dict[str, Any] = {
         # counts: the same on any machine
@@ -95,7 +102,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "e2e_p99_s": _pct(e2e, 99),
         "step_mean_s": step_total / n_steps if n_steps else 0.0,
     }
-    for p in PHASES:
+    for p in PHASES:  # (with the device beside the host, forward's share is its busy share)
         summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
     # Progress: every admission yields a token before its row can be preempted again, so a
     # request is preempted at most (its tokens - 1) times; this shows how close runs come.

@@ -139,6 +139,7 @@ class MlflowLogger:
                     "profile",
                     "speed",
                     "compute_speed",
+                    "overlap",
                     "linears",
                     "decode_attention",
                 )

@@ -48,6 +48,13 @@ class CostModel(Protocol):
     def predict(self, features: StepFeatures) -> StepCost: ...
 
 
+def device_beside_host(cost: CostModel) -> bool:
+    """Whether the profile's device runs its queue while the host works: a GPU (every
+    analytic profile, and one measured on CUDA). A CPU's forward runs on the host's own
+    cores, so host and forward take turns."""
+    return cost.kind == "analytic" or (cost.meta or {}).get("device_type") == "cuda"
+
+
 @dataclass
 class ProfileError(ValueError):
     """A profile that is missing, malformed, or made for another model or dtype; a user

@@ -27,6 +27,7 @@ class SimulatedExecutor:
         compute_speed: float | None = None,
         prepare: Callable[[StepFeatures], float] | None = None,
         readback_s: float = 0.0,
+        overlap: bool = False,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -49,9 +50,13 @@ class SimulatedExecutor:
         # and gives it to the output policies as the measured transfer cost, where a real
         # run times the device-to-host copy (here a list join, which would price nothing).
         self.readback_s = readback_s / speed
+        # The device runs beside the host (a GPU; the clock's `overlap`): said in
+        # metrics.json and MLflow, since it changes what deferred output is worth.
+        self.overlap = overlap
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
+        out["overlap"] = "host and device" if self.overlap else "none"
         if self.speed != 1:
             out["speed"] = f"{self.speed:g}"
         if self.compute_speed != self.speed:
