@@ -145,7 +145,45 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", required=True, help="a folder with a config.json (or a hub id)")
     ap.add_argument("--dtype", default="bfloat16", help="float32, tfloat32, bfloat16, float16")
     ap.add_argument("--out", type=Path, default=None, help="the profile file to write")
+    ap.add_argument(
+        "--against",
+        default=None,
+        help="a measured profile of the same model and dtype (experiments.calibrate on that "
+        "device): both predictions of the same steps, side by side",
+    )
     return ap.parse_args(argv)
+
+
+def against(profile: AnalyticProfile, path: str) -> tuple[list[dict[str, Any]], str]:
+    """The quoted steps as `profile` and a measured profile at `path` predict them: how far
+    the roofline's assumptions (efficiencies, overheads) land from that device's own seconds.
+    The measured profile must describe the same model and dtype. Returns the rows and the
+    measured profile's device."""
+    from framework.executors.simulated.load import load_cost_model
+
+    measured = load_cost_model(path)
+    theirs = (measured.meta.get("model_id"), measured.meta.get("dtype"))
+    ours = (profile.meta["model_id"], profile.dtype)
+    if theirs != ours:
+        raise ProfileError(
+            f"--against {path} is for {theirs[0]} in {theirs[1]}, not {ours[0]} in {ours[1]}"
+        )
+    steps = [
+        ("decode b=1", decode_step(1)),
+        ("decode b=64", decode_step(64)),
+        (f"prefill {PREFILL_TOKENS}", prefill_step()),
+    ]
+    rows = []
+    for label, features in steps:
+        a, m = profile.predict(features), measured.predict(features)
+        rows.append(
+            {
+                "step": label,
+                "analytic_ms": 1e3 * (a.forward_s + a.sample_s),
+                "measured_ms": 1e3 * (m.forward_s + m.sample_s),
+            }
+        )
+    return rows, str(measured.meta.get("device", "?"))
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -167,6 +205,19 @@ def main(argv: list[str] | None = None) -> Path:
             f"{row['sample_ms']:6.3f} ms  {row['bound']:<7} bound  "
             f"{row['tokens_per_s']:10.0f} tok/s  {row['gbytes']:6.2f} GB  {row['tflop']:7.3f} TFLOP"
         )
+    if args.against:
+        try:
+            rows, device = against(profile, args.against)
+        except ValueError as exc:  # a ProfileError too: missing, malformed, another model
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        print(f"against the profile measured in {args.against} ({device}), forward + sampling:")
+        for row in rows:
+            print(
+                f"  {row['step']:<13} analytic {row['analytic_ms']:8.3f} ms  measured "
+                f"{row['measured_ms']:8.3f} ms  analytic/measured "
+                f"{row['analytic_ms'] / row['measured_ms']:.2f}"
+            )
     return out
 
 

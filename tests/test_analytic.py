@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers import AutoConfig
 
 from framework.executors.simulated.analytic import (
     HARDWARE_DIR,
@@ -18,7 +19,7 @@ from framework.executors.simulated.analytic import (
     ModelShape,
     load_hardware_spec,
 )
-from framework.executors.simulated.cost import FORMAT, ProfileError
+from framework.executors.simulated.cost import FORMAT, ProfileError, model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.load import load_cost_model
 
@@ -251,3 +252,34 @@ def test_writer(tmp_path: Path) -> None:
     model = load_cost_model(out)
     assert model.meta["model"] == "llama-8b" and model.meta["device"] == "NVIDIA H200 SXM 141GB"
     assert model.meta["dtype"] == "float16"
+
+
+def test_against_a_measured_profile_prints_both_predictions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--against`: the quoted steps as the analytic and a measured profile of the same model
+    and dtype predict them, side by side; another model's profile is refused in one line."""
+    from experiments.analytic_profile import main
+
+    eight_b = model_id(AutoConfig.from_pretrained(LLAMA_8B))
+    measured = {
+        "format": FORMAT,
+        "kind": "measured",
+        "meta": {"model_id": eight_b, "dtype": "bfloat16", "device": "a GPU of the test's"},
+        "forward": {"intercept_s": 0.004, "per": {"num_tokens": 1e-5}},
+        "sample": {"intercept_s": 1e-4, "per": {}},
+    }
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(measured))
+    args = ["--hardware", "h200", "--model", str(LLAMA_8B), "--out", str(tmp_path / "a.yaml")]
+    main([*args, "--against", str(tmp_path / "m.yaml")])
+    out = capsys.readouterr().out
+    assert "against the profile measured in" in out and "a GPU of the test's" in out
+    # decode at batch 1: 4 ms + 0.01 ms forward, 0.1 ms sampling, measured
+    line = next(x for x in out.splitlines() if "decode b=1" in x and "measured" in x)
+    assert "measured    4.110 ms" in line
+    measured["meta"]["dtype"] = "float16"
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(measured))
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--against", str(tmp_path / "m.yaml")])
+    assert stop.value.code == 2
+    assert "in float16, not" in capsys.readouterr().err

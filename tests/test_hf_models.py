@@ -22,7 +22,16 @@ from transformers import (
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors.model_loader import load_model
 from framework.run.summary import summarize
-from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
+from tests.helpers import (
+    assert_refused,
+    check_same_greedy,
+    cli,
+    hf_greedy,
+    make_cfg,
+    run_engine,
+)
+
+CPU = torch.device("cpu")
 
 SHAPE = dict(
     hidden_size=64,
@@ -141,3 +150,30 @@ def test_tie_tolerance_fits_the_dtype() -> None:
     assert tie_tolerance(torch.bfloat16, -40.0) == 1.0
     assert tie_tolerance(torch.float16, 20.0) == 4 * 2.0**-10 * 16
     assert tie_tolerance(torch.bfloat16, 0.0) > 0  # no log of zero
+
+
+def test_random_weights_need_only_a_config_and_are_seeded(
+    tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`model.random_weights=true`: a folder holding a config and a tokenizer, no weights
+    (what a GPU machine that cannot fetch them gets): the shape runs, with the same weights
+    every time, and a whole run completes from the command line."""
+    _, tok = tiny
+    folder = save_random("llama", tok, tmp_path / "llama")
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    one, _ = load_model("hf", str(folder), None, torch.float32, CPU, random_weights=True)
+    two, _ = load_model("hf", str(folder), None, torch.float32, CPU, random_weights=True)
+    assert one.config.num_hidden_layers == SHAPE["num_hidden_layers"]
+    for (name, a), (_, b) in zip(one.state_dict().items(), two.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    status, _, err = cli(
+        capsys, "model=hf", f"model.path={folder}", "model.random_weights=true",
+        "workload=straggler", "observers=[console]", f"hydra.run.dir={tmp_path}/run",
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert (tmp_path / "run" / "metrics.json").is_file()
+    status, _, err = cli(
+        capsys, "model=tiny", "model.random_weights=true", f"hydra.run.dir={tmp_path}/bad"
+    )
+    assert_refused(status, err, "model.random_weights applies to model=hf")

@@ -136,8 +136,19 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     tiny: TinySpec | None = None,
+    random_weights: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load (model, tokenizer), the model in eval mode on `device` in `dtype`."""
+    """Load (model, tokenizer), the model in eval mode on `device` in `dtype`.
+
+    `random_weights` (model=hf): the folder's config with seeded random weights
+    (`build_random`): a shape's timing with no weights to download."""
+    if random_weights:
+        if source != "hf":
+            raise ValueError(f"model.random_weights applies to model=hf; got model={source}")
+        config, tokenizer = load_model_config(source, path, cache_dir)
+        model = build_random(config, dtype, device)
+        model.eval()
+        return model, tokenizer
     tokenizer = load_tokenizer(source, path, cache_dir)
     if source == "tiny":
         model = build_tiny(tiny or TinySpec(), tokenizer)
@@ -209,6 +220,16 @@ def build_tiny(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> PreTrained
             if p.dim() > 1:
                 torch.nn.init.normal_(p, std=0.2)
     return model
+
+
+def build_random(config: Any, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Any:
+    """A model of `config`'s shape with the library's own initialisation, seeded. Drawn on
+    the host, so that the CPU and a GPU get the same weights (experiments.cuda_check
+    compares their tokens), then moved."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 def _source_dir(source: str, path: str | None, cache_dir: str | None, for_tokenizer: bool) -> Path:

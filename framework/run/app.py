@@ -99,7 +99,13 @@ def load(cfg: DictConfig) -> tuple[Any, Any, torch.device, torch.dtype]:
         )
         return ModelShape(config, tokenizer.eos_token_id), tokenizer, torch.device("cpu"), dtype
     model, tokenizer = load_model(
-        cfg.model.source, cfg.model.path, cfg.model.cache_dir, dtype, device, tiny
+        cfg.model.source,
+        cfg.model.path,
+        cfg.model.cache_dir,
+        dtype,
+        device,
+        tiny,
+        bool(cfg.model.get("random_weights", False)),
     )
     return model, tokenizer, device, dtype
 

@@ -68,6 +68,10 @@ class ModelConfig:
     cache_dir: str | None = None  # where the dequantised SmolLM2 is kept (~/.cache/nanoserve)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     tiny: TinySpec = field(default_factory=TinySpec)
+    # model=hf: the folder's config with seeded random weights instead of its own. For
+    # timing a shape whose weights are not at hand (a GPU machine that cannot fetch them,
+    # an 8B config): the text is noise, the counts and seconds are the shape's.
+    random_weights: bool = False
 
 
 @dataclass
@@ -176,6 +180,11 @@ def check_model(m: Any) -> None:
             f"model.max_model_len must be >= 1 (or null: the model's own), got {m.max_model_len}"
         )
     if m.source != "hf":
+        if m.get("random_weights"):
+            raise ValueError(
+                f"model.random_weights applies to model=hf (a folder's config); this run "
+                f"uses model={m.source}"
+            )
         return
     if not m.path:
         raise ValueError("model=hf needs model.path=DIR (a local Hugging Face model folder)")
