@@ -283,8 +283,7 @@ class Engine:
         result = self.executor.execute(batch)
         ready_at, waited = self.clock.executed(result.prepare_s, result.forward_s + result.sample_s)
         phase["build"] += result.prepare_s  # host work, even though the executor does it
-        if waited:  # a simulated GPU still busy with the step before: the copies wait
-            self._step_wait_s += waited
+        self._step_wait_s += waited  # a simulated GPU still busy with the step before
         phase["forward"] = result.forward_s
         phase["sample"] = result.sample_s
         t = time.perf_counter()

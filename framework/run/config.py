@@ -231,9 +231,9 @@ def check_executor(x: Any) -> None:
         raise ValueError(
             f"executor.compute_speed must be > 0, or null for executor.speed; got {x.compute_speed}"
         )
-    overlap_setting(x.overlap)
+    overlap = overlap_setting(x.overlap)
     if x.name == "model":
-        if overlap_setting(x.overlap) is not None:
+        if overlap is not None:
             raise ValueError(
                 "executor.overlap applies to executor=simulated (this run uses the model)"
             )
