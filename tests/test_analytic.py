@@ -268,6 +268,7 @@ def test_against_a_measured_profile_prints_both_predictions(
         "meta": {"model_id": eight_b, "dtype": "bfloat16", "device": "a GPU of the test's"},
         "forward": {"intercept_s": 0.004, "per": {"num_tokens": 1e-5}},
         "sample": {"intercept_s": 1e-4, "per": {}},
+        "host": {"per_step_s": 3e-4, "per_row_s": 4e-6},
     }
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(measured))
     args = ["--hardware", "h200", "--model", str(LLAMA_8B), "--out", str(tmp_path / "a.yaml")]
@@ -277,6 +278,7 @@ def test_against_a_measured_profile_prints_both_predictions(
     # decode at batch 1: 4 ms + 0.01 ms forward, 0.1 ms sampling, measured
     line = next(x for x in out.splitlines() if "decode b=1" in x and "measured" in x)
     assert "measured    4.110 ms" in line
+    assert "host (measured)     300.0 us a step +   4.00 us a row" in out
     measured["meta"]["dtype"] = "float16"
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(measured))
     with pytest.raises(SystemExit) as stop:
