@@ -59,9 +59,12 @@ def pinned(name: str) -> str:
 
 
 def copy_model(source: Path, dest: Path, config: Path | None = None) -> None:
+    """`source`'s tokenizer beside a config: `source`'s own (with its generation config), or
+    another model's `config` (then SmolLM2's generation settings would only mislead)."""
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(config or source / "config.json", dest / "config.json")
-    for name in ("generation_config.json", *TOKENIZER_FILES):
+    extra = () if config else ("generation_config.json",)
+    for name in (*extra, *TOKENIZER_FILES):
         if (source / name).is_file():
             shutil.copy2(source / name, dest / name)
 
