@@ -45,7 +45,7 @@ def admit_in_order(
     # In queue order, walk the queue lazily: the loop stops at the first misfit, so FCFS
     # costs the same with ten or ten thousand waiting.
     queue = view.waiting if key is None else sorted(view.waiting, key=key)
-    rows = sum(1 for _ in view.running)
+    rows = len(view.running)
     tokens = view.step_tokens()
     free = view.free_blocks
     slots = view.max_num_seqs - rows if limit is None else min(limit, view.max_num_seqs - rows)

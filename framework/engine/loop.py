@@ -445,19 +445,22 @@ class Engine:
         grow = allocator.unguarded("blocks_to_grow") if guarded else allocator.blocks_to_grow
         while True:
             try:
-                need = {
-                    s: grow(s, bs, s.num_held)
+                # Only the rows that need blocks: at trace scale most rows cross no block
+                # boundary this step, and a dict of every row was a tenth of the host work.
+                need = [
+                    (s, n)
                     for s in self.running
                     if s.finish_reason is None  # `not s.finished`, inlined (every row, step)
-                    and len(s.output_token_ids) + s.num_held < s.spec.sampling.max_tokens
-                }
+                    and len(s.output_token_ids) + s.num_held < s._max_tokens
+                    and (n := grow(s, bs, s.num_held)) > 0
+                ]
             except PolicyError:
                 raise
             except Exception as exc:
                 if not guarded:
                     raise
                 raise allocator.failure("blocks_to_grow", exc) from exc
-            short = sum(need.values()) - self.pool.num_free
+            short = sum(n for _, n in need) - self.pool.num_free
             if short <= 0:
                 break
             if self.held:  # the rows are about to change: bring every held token home first
@@ -472,9 +475,8 @@ class Engine:
                     raise self._fail("preemption", f"named {v.id}, not an unfinished running row")
                 self._preempt(v)
                 preempted += 1
-        for seq, n in need.items():
-            if n > 0:
-                seq.block_table += self.pool.allocate(seq.id, n)
+        for seq, n in need:
+            seq.block_table += self.pool.allocate(seq.id, n)
         # Whether every row got the blocks its next write needs is checked as `_build` maps
         # each written position to its slot (`_short_table`): free, rather than a pass over
         # the rows of every step.
@@ -728,7 +730,7 @@ class Engine:
                 out = seq.output_token_ids
                 index = len(out) + seq.num_held
                 total_len = seq._prompt_len + index
-                if seq.finish_reason is not None or index >= sampling.max_tokens:
+                if seq.finish_reason is not None or index >= seq._max_tokens:
                     # Still in a static batch: computed like a decode row over its cached context,
                     # kept by nobody. Its K/V goes to the scratch block: no live block is touched.
                     token = HELD if from_device else seq.tokens_from(seq.num_tokens - 1)[0]
@@ -814,8 +816,10 @@ class Engine:
         )
 
     # ---- output & apply --------------------------------------------------------------
-    def _drain(self, n: int) -> list[tuple[Sequence, bool, int, float]]:
-        """The `n` oldest held steps home in one concatenation and one transfer."""
+    def _drain(self, n: int) -> list[tuple[_Held, list[int]]]:
+        """The `n` oldest held steps home in one concatenation and one transfer: each step
+        with its rows' values. Always handed to `_apply`, which gives the tokens to their
+        requests."""
         if n <= 0 or not self.held:
             return []
         out_steps, self.held = self.held[:n], self.held[n:]
@@ -829,50 +833,55 @@ class Engine:
             self._step_readback_s += copy
             self._step_wait_s += waited
         self.counters.transfers += 1
-        out: list[tuple[Sequence, bool, int, float]] = []
+        if len(values) != sum(len(h.rows) for h in out_steps):
+            raise InvariantError(
+                f"readback brought {len(values)} tokens for "
+                f"{sum(len(h.rows) for h in out_steps)} rows"
+            )
+        drained: list[tuple[_Held, list[int]]] = []
         i = 0
         for h in out_steps:
-            for seq, discard in zip(h.rows, h.discard, strict=True):
-                if not discard:
-                    seq.num_held -= 1
-                    self.counters.held_tokens -= 1
-                out.append((seq, discard, values[i], h.window))
-                i += 1
-        return out
+            j = i + len(h.rows)
+            drained.append((h, values[i:j]))
+            i = j
+        return drained
 
-    def _apply(
-        self, drained: list[tuple[Sequence, bool, int, float]]
-    ) -> tuple[int, list[Sequence]]:
+    def _apply(self, drained: list[tuple[_Held, list[int]]]) -> tuple[int, list[Sequence]]:
         """Tokens reach their requests; stop and length checks; finish times stamped.
 
         A token for a request whose stop token already arrived is overshoot: computed because
-        the window kept the host from seeing the stop in time.
+        the window kept the host from seeing the stop in time. One pass a held step, row by
+        row (no tuple a row: at trace scale this runs for every row of every step).
         """
         now = self.now()
         kept = 0
         finished: list[Sequence] = []
         counters = self.counters
-        for seq, discard, token, window in drained:
-            if discard:
-                continue
-            if seq.finish_reason is not None:
-                counters.overshoot_tokens += 1
-                continue
-            out = seq.output_token_ids
-            out.append(token)
-            seq.token_times.append(now)
-            if seq.first_token_at is None:
-                seq.first_token_at = now
-            kept += 1
-            if token in seq._stop_ids:  # `seq.stop_ids()`, inlined (every token)
-                seq.finish_reason = "stop"
-                if window >= 1:
-                    counters.expected_overshoot += (window + 1) / 2
-            elif len(out) >= seq.spec.sampling.max_tokens:
-                seq.finish_reason = "length"
-            if seq.finish_reason:
-                seq.status = Status.FINISHED
-                seq.finished_at = now
-                finished.append(seq)
+        for h, values in drained:
+            window = h.window
+            counters.held_tokens -= h.kept_rows
+            for seq, discard, token in zip(h.rows, h.discard, values, strict=True):
+                if discard:
+                    continue
+                seq.num_held -= 1
+                if seq.finish_reason is not None:
+                    counters.overshoot_tokens += 1
+                    continue
+                out = seq.output_token_ids
+                out.append(token)
+                seq.token_times.append(now)
+                if seq.first_token_at is None:
+                    seq.first_token_at = now
+                kept += 1
+                if token in seq._stop_ids:  # `seq.stop_ids()`, inlined (every token)
+                    seq.finish_reason = "stop"
+                    if window >= 1:
+                        counters.expected_overshoot += (window + 1) / 2
+                elif len(out) >= seq._max_tokens:
+                    seq.finish_reason = "length"
+                if seq.finish_reason:
+                    seq.status = Status.FINISHED
+                    seq.finished_at = now
+                    finished.append(seq)
         self.counters.tokens_kept += kept
         return kept, finished

@@ -51,10 +51,12 @@ class Sequence:
     # Fixed by the spec, read several times per row per step: computed once.
     _prompt_len: int = field(init=False, repr=False)
     _stop_ids: frozenset[int] = field(init=False, repr=False)
+    _max_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._prompt_len = len(self.spec.prompt_token_ids)
         sp = self.spec.sampling
+        self._max_tokens = sp.max_tokens
         ids = set(sp.stop_token_ids)
         if not sp.ignore_eos and self.eos_token_id is not None:
             ids.add(self.eos_token_id)
@@ -113,7 +115,7 @@ class Sequence:
         if self.finish_reason is not None:
             return 1
         out = len(self.output_token_ids) + self.num_held
-        if out >= self.spec.sampling.max_tokens:
+        if out >= self._max_tokens:
             return 1
         return self._prompt_len + out - self.num_computed - self.cached_prefix
 
@@ -122,7 +124,7 @@ class Sequence:
         """Needs no more forwards: its stop token has been seen, or every token it is owed
         has been sampled (a length limit is known on the host without reading any value)."""
         return self.finish_reason is not None or (
-            len(self.output_token_ids) + self.num_held >= self.spec.sampling.max_tokens
+            len(self.output_token_ids) + self.num_held >= self._max_tokens
         )
 
     def all_token_ids(self) -> list[int]:
