@@ -598,7 +598,8 @@ def main(argv: list[str] | None = None) -> Path:
         f"{os.getloadavg()[0]:.2f} at the end",
         **{
             f"kernels ({p.dtype})": f"linears {p.kernels.get('linears', '?')}; decode "
-            f"attention {p.kernels.get('decode_attention', '?')}"
+            f"attention {p.kernels.get('decode_attention', '?')}; argmax "
+            f"{p.kernels.get('argmax', '?')}"
             for p in passes
         },
         **{f"open-loop rate ({p.dtype})": p.rate_note or "(not run)" for p in passes},

@@ -328,6 +328,7 @@ def serve_point(overrides: list[str], loaded: tuple[Any, ...], point: Point, see
     paths = {
         "linear": "onednn-packed (rows bucketed)" if packed else "torch",
         "decode_attention": "paged-kernel" if rec.inner.kernel else "gather+sdpa",
+        "argmax": "kernel" if rec.inner.greedy.use else "torch",
     }
     return Measured(point, rec.steps, list(result.steps), wall, foreign, extra=paths)
 
@@ -518,6 +519,7 @@ def make_meta(
             # as set (auto: measured at start-up; `kernels` says what ran)
             "packed_linears": str(cfg.engine.packed_linears),
             "paged_kernel": str(cfg.engine.paged_kernel),
+            "argmax_kernel": str(cfg.engine.argmax_kernel),
             "check_invariants": bool(cfg.engine.check_invariants),
         },
         "torch": str(torch.__version__),

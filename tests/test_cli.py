@@ -93,6 +93,7 @@ def test_cli_writes_every_result_file(tmp_path: Path) -> None:
         ("engine.max_num_batched_tokens=4", "must be >= engine.max_num_seqs"),
         ("engine.packed_linears=maybe", "engine.packed_linears must be auto (chosen by a"),
         ("engine.paged_kernel=2", "engine.paged_kernel must be auto (chosen by a"),
+        ("engine.argmax_kernel=no", "engine.argmax_kernel must be auto (chosen by a"),
     ],
 )
 def test_bad_input_names_the_field(

@@ -100,14 +100,16 @@ def test_choices_are_in_metrics_and_mlflow(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = make_cfg(
         "model=tiny", "workload=straggler", "engine.paged_kernel=false",
-        f"mlflow.tracking_uri={uri}", "observers=[console,mlflow]",
+        "engine.argmax_kernel=false", f"mlflow.tracking_uri={uri}", "observers=[console,mlflow]",
     )  # fmt: skip
     run_with_observers(cfg, tmp_path)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["decode_attention"] == "gather_sdpa (set)"
+    assert metrics["argmax"] == "torch (set)"
     assert metrics["linears"].startswith(("packed (measured: ", "stock (measured: "))
     client = MlflowClient(uri)
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.tags["nanoserve.decode_attention"] == "gather_sdpa (set)"
+    assert run.data.tags["nanoserve.argmax"] == "torch (set)"
     assert run.data.tags["nanoserve.linears"] == metrics["linears"]
     assert run.data.tags["machine.isa"]  # which flags this CPU has

@@ -10,7 +10,8 @@ the run's own model, dtype and thread count, in alternating rounds (a slow spell
 machine falls on both sides), and kept for the process.
 
 Each choice is reported (`HFExecutor.describe`, so `metrics.json` and MLflow): what runs, how
-it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel`, or
+it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel` /
+`engine.argmax_kernel`, or
 `unavailable` with the reason) and the timings it was decided on.
 """
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from framework.executors.kernels import argmax
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
 
@@ -199,3 +201,39 @@ def _measured_decode(
         f"at {rows} rows x {ctx} positions"
     )
     return Choice(t["kernel"] < t["sdpa"], "measured", why)
+
+
+# ---- greedy argmax ------------------------------------------------------------------------
+def choose_argmax(value: Any, device: torch.device, vocab: int) -> Choice:
+    """nanoserve's argmax kernel for the greedy rows, or torch.argmax: the same index either
+    way, so only the time differs."""
+    want = setting(value, "argmax_kernel")
+    if want is False:
+        return Choice(False, "set", "")
+    reason = argmax.why_not(device)
+    if reason is not None:
+        return Choice(False, "unavailable", reason)
+    if want:
+        return Choice(True, "set", "")
+    return _measured_argmax(vocab, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=16)
+@torch.inference_mode()
+def _measured_argmax(vocab: int, threads: int) -> Choice:
+    """16 rows of fp32 logits over the model's vocabulary, both ways."""
+    rows = 16
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    t = best_of(
+        {
+            "kernel": lambda: argmax.kernel_argmax(logits),
+            "torch": lambda: torch.argmax(logits, dim=-1),
+        },
+        rounds=5,
+        repeat=REPEAT,
+    )
+    why = (
+        f"kernel {1e3 * t['kernel']:.3g} ms, torch {1e3 * t['torch']:.3g} ms at {rows} rows x "
+        f"{vocab}"
+    )
+    return Choice(t["kernel"] < t["torch"], "measured", why)

@@ -7,9 +7,13 @@ again identically) or on tokens that other requests consumed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from framework.engine.batch import Row
+
+Argmax = Callable[[torch.Tensor], torch.Tensor]  # [rows, vocab] -> [rows], first largest
 
 SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over the seeds
 SEED_STEP = 0x100000001B3  # the FNV prime: one token index apart, far apart in seed space
@@ -35,9 +39,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
-    """Sampled token ids [B] on the logits' device; greedy rows in one argmax."""
-    tokens = torch.argmax(logits, dim=-1)
+def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) -> torch.Tensor:
+    """Sampled token ids [B] on the logits' device; greedy rows in one argmax (`argmax`:
+    nanoserve's CPU kernel where the executor chose it, the same index as torch.argmax)."""
+    tokens = argmax(logits) if argmax is not None else torch.argmax(logits, dim=-1)
     for i, row in enumerate(rows):
         sp = row.sampling
         if sp.greedy or row.discard or not row.samples:  # no draw for a token nobody keeps

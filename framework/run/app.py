@@ -141,7 +141,12 @@ def build_engine(
     else:
         cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
         executor = HFExecutor(
-            model, cache, device, packed_linears=e.packed_linears, paged_kernel=e.paged_kernel
+            model,
+            cache,
+            device,
+            packed_linears=e.packed_linears,
+            paged_kernel=e.paged_kernel,
+            argmax_kernel=e.argmax_kernel,
         )
         clock, scratch = WallClock(), cache.scratch_block
     return Engine(

@@ -35,6 +35,9 @@ class EngineConfig:
     # C++ kernel (framework/executors/kernels/, compiled on first use), or gathers the blocks
     # and runs SDPA.
     paged_kernel: Any = "auto"
+    # CPU: greedy rows' argmax over the vocabulary with nanoserve's C++ kernel (the same
+    # index as torch.argmax, 10x+ faster on a large vocabulary), or torch.argmax.
+    argmax_kernel: Any = "auto"
 
 
 @dataclass
@@ -127,7 +130,7 @@ def check_engine(e: Any) -> None:
         )
     if e.num_blocks is None and e.kv_memory_mb <= 0:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
-    for name in ("packed_linears", "paged_kernel"):
+    for name in ("packed_linears", "paged_kernel", "argmax_kernel"):
         setting(e[name], name)  # auto, true or false
     if e.max_num_batched_tokens < e.max_num_seqs:
         raise ValueError(

@@ -142,6 +142,7 @@ class MlflowLogger:
                     "overlap",
                     "linears",
                     "decode_attention",
+                    "argmax",
                 )
                 if k in summary
             }

@@ -1,12 +1,10 @@
-"""Decode attention that reads KV blocks in place: building the C++ kernel, and calling it.
+"""Decode attention that reads KV blocks in place: when the kernel can serve, and calling it.
 
-The kernel (`paged_decode.cpp`) is compiled by `torch.utils.cpp_extension` the first time an
-engine asks for it (about a minute on a 2-core machine) and cached under PyTorch's extensions
-directory (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions), rebuilt only when the
-source changes. It reads a float32 or a bfloat16 cache (widening bf16 to fp32 as it reads;
-the arithmetic is fp32 either way). Where it cannot be used (no compiler, no AVX2, not the
-CPU, another dtype, an odd head size) the engine keeps the portable gather + SDPA path and
-says why once.
+The kernel (`paged_decode.cpp`) is built with nanoserve's other CPU kernels on first use
+(`build.py`). It reads a float32 or a bfloat16 cache (widening bf16 to fp32 as it reads; the
+arithmetic is fp32 either way). Where it cannot be used (no compiler, no AVX2, not the CPU,
+another dtype, an odd head size) the engine keeps the portable gather + SDPA path and says
+why once.
 """
 
 from __future__ import annotations
@@ -17,13 +15,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("paged_decode.cpp")
-# -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the
-# extension itself is compiled with OpenMP; without it the kernel used one core whatever
-# torch's thread count (1.4-1.7x slower on 2 cores at 16-64 rows). The loop then runs on the
-# libgomp torch already loaded (one pool, sized by torch.set_num_threads).
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
-LDFLAGS = ["-fopenmp"]
+from framework.executors.kernels.build import FLAGS, build_error
+
+__all__ = ["FLAGS", "SOURCE", "available", "paged_decode", "why_not"]
+
+SOURCE = Path(__file__).with_name("paged_decode.cpp")  # alone, as experiments.kernel_ab builds it
 KV_DTYPES = (torch.float32, torch.bfloat16)  # the cache dtypes it reads
 
 
@@ -35,25 +31,7 @@ def why_not(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | No
         return f"head size {head_dim} is not a multiple of 8"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return f"this CPU lacks AVX2 ({torch.backends.cpu.get_cpu_capability()})"
-    return _build_error()
-
-
-@functools.cache
-def _build_error() -> str | None:
-    """Compile and load the kernel once per process; the error, if that failed."""
-    from torch.utils.cpp_extension import load
-
-    try:
-        load(
-            "nanoserve_paged_decode",
-            [str(SOURCE)],
-            extra_cflags=FLAGS,
-            extra_ldflags=LDFLAGS,
-            is_python_module=False,
-        )
-    except Exception as exc:  # no compiler or ninja, a read-only cache: the portable path
-        return f"it did not build: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
-    return None
+    return build_error()
 
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
