@@ -10,7 +10,9 @@ policy's decision, so the invariants live in one place.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,7 @@ from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import CostModel
 from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import Executor
+from framework.engine.heap import frozen_heap
 from framework.engine.invariants import InvariantError, check_end, check_step
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.readback import Pending, Readback
@@ -164,21 +167,25 @@ class Engine:
         # rows' shapes only (the simulator) says so, and the engine skips mapping them.
         self._map_slots = getattr(self.executor, "reads_slots", True)
         self._readback_s = getattr(self.executor, "readback_s", None)
-        self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
-        ids = [s.id for s in self.seqs]
-        if len(set(ids)) != len(ids):
-            raise ValueError("workload request ids must be unique")
-        for seq in sorted(self.seqs, key=lambda s: s.arrival):
-            reason = self._why_never(seq)
-            if reason:
-                seq.status, seq.reject_reason = Status.REJECTED, reason
-            else:
-                self.pending.append(seq)
-        self.clock.start()
-        while self.pending or self.waiting or self.running:
-            if not self.waiting and not self.running:
-                self.clock.wait_until(self.pending[0].arrival)
-            self.step()
+        # The workload, the model and, once made, the sequences live until the run ends:
+        # kept out of the garbage collector's full passes meanwhile (`frozen_heap`).
+        with frozen_heap() as freeze:
+            self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
+            ids = [s.id for s in self.seqs]
+            if len(set(ids)) != len(ids):
+                raise ValueError("workload request ids must be unique")
+            for seq in sorted(self.seqs, key=lambda s: s.arrival):
+                reason = self._why_never(seq)
+                if reason:
+                    seq.status, seq.reject_reason = Status.REJECTED, reason
+                else:
+                    self.pending.append(seq)
+            freeze()
+            self.clock.start()
+            while self.pending or self.waiting or self.running:
+                if not self.waiting and not self.running:
+                    self.clock.wait_until(self.pending[0].arrival)
+                self.step()
         result = self.partial_result()
         if self.check_invariants:
             check_end(self.seqs, self.pool, self.counters, self.held)
@@ -374,11 +381,17 @@ class Engine:
             self.hooks.on_request_finished(request=seq)
 
     def _view(self, planned_tokens: int | None = None) -> EngineView:
-        sched = self.p.scheduler
-        view: EngineView | None = None
+        sched, allocator = self.p.scheduler, self.p.allocator
+        # The view's own rules reach it through a weak reference: a closure holding the view
+        # it belongs to is a reference cycle, left for the garbage collector (several views
+        # a step, each with a copy of the running rows: at trace scale the collector's work).
+        this: Callable[[], EngineView | None]
 
         def chunk_rule(seq: Sequence, budget: int) -> int:
-            return sched.chunk(view, seq, budget)
+            return sched.chunk(this(), seq, budget)
+
+        def admits(seq: Sequence, free: int) -> bool:
+            return allocator.admits(this(), seq, free)
 
         view = EngineView(
             now=self.now(),
@@ -395,8 +408,9 @@ class Engine:
             chunk_rule=chunk_rule,
             planned_tokens=planned_tokens,
             cached=None if self.cache is None else self._cached_tokens,
-            admits=lambda s, free: self.p.allocator.admits(view, s, free),
+            admits=admits,
         )
+        this = weakref.ref(view)
         return view
 
     def _output_view(self) -> OutputView:

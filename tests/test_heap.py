@@ -1,0 +1,65 @@
+"""What keeps the garbage collector's work small in a long run: the run's long-lived objects
+frozen out of its full passes, and engine views freed the moment they are dropped."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+
+from framework.api.registry import registry
+from framework.engine.heap import frozen_heap
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.app import build_engine
+from tests.helpers import make_cfg
+
+
+def test_frozen_for_the_run_and_handed_back() -> None:
+    assert gc.get_freeze_count() == 0
+    with frozen_heap() as freeze:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        made = [[i] for i in range(1000)]  # made after: not frozen until asked
+        freeze()
+        assert gc.get_freeze_count() >= frozen + len(made)
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), frozen_heap():
+        raise RuntimeError("a run that fails hands the heap back too")
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_frozen_by_someone_else_stays_frozen() -> None:
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with frozen_heap() as freeze:
+            freeze()  # not ours: a no-op
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+
+
+def test_the_run_unfreezes_and_views_hold_no_cycle(tiny: tuple[Any, Any]) -> None:
+    model, tok = tiny
+    cfg = make_cfg("model=tiny", "scheduler=continuous", "allocator=incremental")
+    engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
+    specs = [
+        RequestSpec(f"r{i}", [5, 6, 7, 8][: i + 1], SamplingParams(max_tokens=3, ignore_eos=True))
+        for i in range(3)
+    ]
+    result = engine.run(specs, tok.eos_token_id)
+    assert all(s.finish_reason == "length" for s in result.seqs)
+    assert gc.get_freeze_count() == 0
+    gc.disable()  # only reference counting may free the view
+    try:
+        view = engine._view(planned_tokens=0)
+        ref = weakref.ref(view)
+        assert view.allocator_admits(result.seqs[0], 1) in (True, False)  # its rules work
+        del view
+        assert ref() is None, "an engine view is kept alive by a reference cycle"
+    finally:
+        gc.enable()
