@@ -460,7 +460,7 @@ class Engine:
         while True:
             try:
                 # Only the rows that need blocks: at trace scale most rows cross no block
-                # boundary this step, and a dict of every row was a tenth of the host work.
+                # boundary in a step, so the list stays short.
                 need = [
                     (s, n)
                     for s in self.running

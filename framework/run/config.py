@@ -36,7 +36,7 @@ class EngineConfig:
     # and runs SDPA.
     paged_kernel: Any = "auto"
     # CPU: greedy rows' argmax over the vocabulary with nanoserve's C++ kernel (the same
-    # index as torch.argmax, 10x+ faster on a large vocabulary), or torch.argmax.
+    # index as torch.argmax, several times faster on a large vocabulary), or torch.argmax.
     argmax_kernel: Any = "auto"
 
 

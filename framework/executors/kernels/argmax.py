@@ -1,14 +1,14 @@
 """Greedy sampling's argmax on CPU: nanoserve's kernel (`argmax.cpp`) where it is built,
 torch's argmax elsewhere. Both give the same index, the first largest (the kernel's tests
-check it on ties, infinities and NaNs); the kernel's pass is 10x+ faster on a large
-vocabulary (`argmax.cpp` says why).
+check it on ties, infinities and NaNs); on a large vocabulary the kernel is several times
+faster (`argmax.cpp` says why; docs/performance.md has the measurements).
 """
 
 from __future__ import annotations
 
 import torch
 
-from framework.executors.kernels.build import build_error
+from framework.executors.kernels.build import unavailable
 
 
 def kernel_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -21,6 +21,4 @@ def why_not(device: torch.device) -> str | None:
     kernels built."""
     if device.type != "cpu":
         return f"it runs on CPU only (this run: {device.type})"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return f"this CPU lacks AVX2 ({torch.backends.cpu.get_cpu_capability()})"
-    return build_error()
+    return unavailable()

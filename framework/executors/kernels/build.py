@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).parent
 SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp")
 # -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the
@@ -19,6 +21,15 @@ SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp")
 # libgomp torch already loaded (one pool, sized by torch.set_num_threads).
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+
+
+def unavailable() -> str | None:
+    """Why nanoserve's kernels cannot run on this CPU, or None when they can: AVX2, and the
+    build succeeded (tried once per process)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"this CPU lacks AVX2 ({capability})"
+    return build_error()
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from framework.executors.kernels.build import FLAGS, build_error
+from framework.executors.kernels.build import FLAGS, unavailable
 
 __all__ = ["FLAGS", "SOURCE", "available", "paged_decode", "why_not"]
 
@@ -29,9 +29,7 @@ def why_not(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | No
         return f"it runs on CPU in float32 or bfloat16 only (this run: {device.type}, {dtype})"
     if head_dim % 8:
         return f"head size {head_dim} is not a multiple of 8"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return f"this CPU lacks AVX2 ({torch.backends.cpu.get_cpu_capability()})"
-    return build_error()
+    return unavailable()
 
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
