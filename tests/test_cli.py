@@ -94,6 +94,8 @@ def test_cli_writes_every_result_file(tmp_path: Path) -> None:
         ("engine.packed_linears=maybe", "engine.packed_linears must be auto (chosen by a"),
         ("engine.paged_kernel=2", "engine.paged_kernel must be auto (chosen by a"),
         ("engine.argmax_kernel=no", "engine.argmax_kernel must be auto (chosen by a"),
+        ("print_limit=-1", "print_limit must be >= 0 (or null: every answer)"),
+        ("mlflow.max_step_points=1", "mlflow.max_step_points must be >= 2"),
     ],
 )
 def test_bad_input_names_the_field(
@@ -104,6 +106,23 @@ def test_bad_input_names_the_field(
     )
     assert_refused(status, err, expected)
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_the_console_prints_the_first_answers_and_says_where_the_rest_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = cli(
+        capsys,
+        "model=tiny",
+        "workload=straggler",
+        "print_limit=2",
+        "observers=[console]",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert status == 0
+    assert "r1" in out and "r2 " not in out and "r7" not in out
+    assert "... and 6 more answers in" in " ".join(out.split())  # rich wraps long lines
+    assert len((tmp_path / "outputs.jsonl").read_text().splitlines()) == 8  # all kept
 
 
 def test_unknown_scheduler_is_one_line_listing_the_choices(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
 from framework.run.observers import run_with_observers
 from framework.run.summary import COUNT_KEYS
+from framework.tracking import plots as plots_module
 from framework.tracking.plots import PLOTS, assign_lanes, read_csv, request_spans
 from framework.tracking.tags import flatten, sweep_plan
 from plugins.observers.mlflow_logger import MlflowLogger
@@ -172,6 +173,29 @@ def blocked(tmp_path_factory: pytest.TempPathFactory) -> str:
     file = tmp_path_factory.mktemp("blocked") / "not-a-folder"
     file.write_text("")
     return f"sqlite:///{file}/mlflow.db"
+
+
+def test_a_long_run_sends_each_series_pooled(
+    tracked: str, loaded: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """Past `mlflow.max_step_points` steps a series is means over runs of steps: bounded,
+    covering the whole run, its rows adding up to the run's, its last waste the run's."""
+    cfg = make_cfg(*TIGHT, "mlflow.experiment=pooled", "mlflow.max_step_points=8")
+    cfg.observers = ["mlflow"]
+    run_with_observers(cfg, tmp_path, loaded)
+    (run,) = runs_of(tracked, "pooled")
+    steps = read_csv(tmp_path / "steps.csv")
+    assert len(steps) > 16  # long enough to be pooled twice
+    client = MlflowClient(tracked)
+    rows = sorted(client.get_metric_history(run.info.run_id, "step.rows"), key=lambda m: m.step)
+    assert 4 <= len(rows) <= 8 and rows[-1].step == len(steps) - 1
+    at = [m.step for m in rows]
+    sizes = [b - a for a, b in zip([-1, *at], at, strict=False)]  # steps each point pools
+    pooled = sum(m.value * k for m, k in zip(rows, sizes, strict=True))
+    assert pooled == pytest.approx(sum(int(s["rows"]) for s in steps))
+    waste = client.get_metric_history(run.info.run_id, "step.waste_so_far")
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert max(waste, key=lambda m: m.step).value == pytest.approx(summary["waste_fraction"])
 
 
 @pytest.mark.parametrize("kind", ["sqlite-under-a-file", "closed-port"])
@@ -322,6 +346,31 @@ def test_the_slot_timeline_matches_the_engine_rows(
     assert sum(sp.preempted for _, sp in placed) == sum(int(s["preempted"]) for s in steps)
     assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)
     assert "requests" not in capsys.readouterr().err  # no progress bar off a terminal
+
+
+def test_a_long_run_draws_the_first_steps_of_its_timeline(
+    loaded: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """The timeline of a run longer than `max_steps` shows its first steps, and says so."""
+    run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    steps = read_csv(tmp_path / "steps.csv")
+    requests = read_csv(tmp_path / "requests.csv")
+    drawn: dict[str, Any] = {}
+    real_save = plots_module._save
+
+    def keep(fig: Any, path: Path) -> Path:
+        drawn["title"] = fig.axes[0].get_title()
+        drawn["xlim"] = fig.axes[0].get_xlim()
+        return real_save(fig, path)
+
+    plots_module._save = keep
+    try:
+        plots_module.plot_slot_timeline(requests, steps, 6, tmp_path / "t.png", max_steps=10)
+    finally:
+        plots_module._save = real_save
+    assert drawn["xlim"] == (0, 10)
+    assert f"(the first 10 of {len(steps)})" in drawn["title"]
+    assert "differ" not in drawn["title"]  # clipped spans still match the engine's rows
 
 
 # ---- launchers -----------------------------------------------------------------------------

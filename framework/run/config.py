@@ -84,6 +84,9 @@ class MlflowConfig:
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db
     experiment: str = "nanoserve"
     fatal: bool = False  # True: a failing store fails the run (default: say so, keep results)
+    # Points per per-step series (`step.rows`, ...): exact up to this many steps, then means
+    # over runs of steps (framework/tracking/series.py); steps.csv keeps every step.
+    max_step_points: int = 2000
 
 
 @dataclass
@@ -104,6 +107,9 @@ class RunConfig:
     observers: list[str] = field(default_factory=lambda: ["console"])
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     print_outputs: bool = True
+    # Answers printed at most (the first ones; the rest are in outputs.jsonl): a whole
+    # trace's 19,366 answers took the console longer than the simulated run. None: all.
+    print_limit: int | None = 32
 
 
 def register_configs() -> None:
@@ -259,6 +265,13 @@ def check_run(cfg: Any) -> None:
     check_executor(cfg.executor)
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
+    if cfg.print_limit is not None and cfg.print_limit < 0:
+        raise ValueError(f"print_limit must be >= 0 (or null: every answer), got {cfg.print_limit}")
+    if cfg.mlflow.max_step_points < 2:
+        raise ValueError(
+            f"mlflow.max_step_points must be >= 2 (points per per-step series), "
+            f"got {cfg.mlflow.max_step_points}"
+        )
 
 
 def check_window(cfg: Any) -> None:

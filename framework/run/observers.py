@@ -18,15 +18,17 @@ def run_with_observers(
 ) -> RunInfo:
     reg = registry()
     attached: list[Any] = []
-    for name in cfg.observers:
-        if name not in reg.observers:
-            choices = ", ".join(f"{n} ({p.label})" for n, (_, p) in sorted(reg.observers.items()))
-            raise UserError(f"observers: {name!r} is not registered; available: {choices}")
-        factory, _ = reg.observers[name]
-        obs = factory(cfg)
-        reg.pm.register(obs, name=f"observer:{name}")
-        attached.append(obs)
-    try:
+    try:  # an observer that fails to start detaches the ones started before it
+        for name in cfg.observers:
+            if name not in reg.observers:
+                choices = ", ".join(
+                    f"{n} ({p.label})" for n, (_, p) in sorted(reg.observers.items())
+                )
+                raise UserError(f"observers: {name!r} is not registered; available: {choices}")
+            factory, _ = reg.observers[name]
+            obs = factory(cfg)
+            reg.pm.register(obs, name=f"observer:{name}")
+            attached.append(obs)
         return serve(cfg, Path(output_dir), reg.pm.hook, loaded)
     finally:
         for obs in attached:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.engine.counters import STEP_COLUMNS, StepStats
 from framework.run.summary import request_row
 
 if TYPE_CHECKING:
@@ -29,6 +30,16 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
+def _write_steps(path: Path, steps: list[StepStats]) -> None:
+    """steps.csv, a row at a time from each step's tuple (no list of a million dicts)."""
+    with path.open("w", newline="") as f:
+        if not steps:
+            return
+        w = csv.writer(f)
+        w.writerow(STEP_COLUMNS)
+        w.writerows(st.values() for st in steps)
+
+
 def write_results(
     out: Path, cfg: DictConfig, result: RunResult, summary: dict[str, Any], texts: dict[str, str]
 ) -> None:
@@ -36,7 +47,7 @@ def write_results(
     (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _write_csv(out / "requests.csv", [request_row(s) for s in result.seqs])
-    _write_csv(out / "steps.csv", [st.row() for st in result.steps])
+    _write_steps(out / "steps.csv", result.steps)
     with (out / "outputs.jsonl").open("w") as f:
         for s in result.seqs:
             f.write(

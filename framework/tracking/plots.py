@@ -3,7 +3,8 @@
 
     python -m framework.tracking.plots outputs/2026-11-20/10-00-00
 
-- `slot_timeline.png`: one lane per batch slot (`engine.max_num_seqs`) over the steps; each
+- `slot_timeline.png`: one lane per batch slot (`engine.max_num_seqs`) over the steps (the
+  first `TIMELINE_STEPS` of a longer run); each
   request is a coloured span, a finished row that stays in the forward (static batching's
   waste) is grey and hatched, a preemption is an x, an empty slot is left blank.
 - `kv_blocks.png`: KV blocks in use per step against the pool size, preemptions marked, and
@@ -36,6 +37,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 PLOTS = ("slot_timeline.png", "kv_blocks.png", "latency_cdf.png")
+TIMELINE_STEPS = 2000  # the slot timeline's steps at most: a lane's spans stay visible
 STAMP_ROUNDING = 1e-6  # requests.csv writes token times to the microsecond
 
 
@@ -125,10 +127,25 @@ def assign_lanes(spans: list[Span]) -> list[tuple[int, Span]]:
 
 
 def plot_slot_timeline(
-    requests: list[dict[str, str]], steps: list[dict[str, str]], max_num_seqs: int, path: Path
+    requests: list[dict[str, str]],
+    steps: list[dict[str, str]],
+    max_num_seqs: int,
+    path: Path,
+    max_steps: int = TIMELINE_STEPS,
 ) -> Path:
+    """The slots over the first `max_steps` steps (all of a run that short): a whole
+    day's trace is a million steps and twenty thousand spans, which took matplotlib four
+    minutes to draw into a picture nobody could read."""
     step_ends = [float(s["time"]) for s in steps]
-    placed = assign_lanes(request_spans(requests, step_ends))
+    shown = len(steps) if len(steps) <= max_steps else max_steps
+    spans = [
+        sp if sp.end < shown else Span(sp.request, sp.order, sp.start, shown - 1, sp.kind)
+        for sp in request_spans(requests, step_ends)
+        if sp.start < shown
+    ]
+    placed = assign_lanes(spans)
+    total = len(steps)
+    steps = steps[:shown]
     lanes = max([max_num_seqs, *(lane + 1 for lane, _ in placed)])
     width = min(max(8.0, len(steps) / 8), 40.0)
     fig, ax = plt.subplots(figsize=(width, 1.2 + 0.35 * lanes))
@@ -160,6 +177,8 @@ def plot_slot_timeline(
     per_step = Counter(s for _, sp in placed for s in range(sp.start, sp.end + 1))
     differ = sum(1 for i, s in enumerate(steps) if per_step.get(i, 0) != int(s["rows"]))
     title = f"slot timeline: {max_num_seqs} slots x {len(steps)} steps"
+    if shown < total:
+        title += f" (the first {shown:,} of {total:,})"
     if differ:
         title += f" (rebuilt from timestamps: {differ} steps differ from the engine's row count)"
     ax.set_title(title, fontsize=10)

@@ -46,6 +46,7 @@ class ConsoleObserver:
 
     def __init__(self, cfg: Any) -> None:
         self.print_outputs = bool(cfg.get("print_outputs", True))
+        self.print_limit: int | None = cfg.get("print_limit", None)
         self.console = Console()
         job = hydra_job()
         self.job: HydraJob | None = job if job is not None and job.multirun else None
@@ -101,19 +102,15 @@ class ConsoleObserver:
             )
             return
         if self.print_outputs and run.result is not None:
-            for s in run.result.seqs:
-                if s.reject_reason:
-                    self.console.print(f"[red]{s.id} rejected[/]: {s.reject_reason}")
-                    continue
-                prompt = (s.spec.prompt or "").strip().replace("\n", " ")
-                if prompt:
-                    self.console.print(f"[bold cyan]{s.id}[/] [dim]{prompt[:100]}[/]")
-                self.console.print(
-                    f"  {run.texts.get(s.id, '').strip()}  "
-                    f"[dim]({len(s.output_token_ids)} tokens, {s.finish_reason})[/]"
-                )
+            self._answers(run)
         counts = Table(title="counts (any machine)")
-        times = Table(title="times (this machine)")
+        # A simulated run's seconds were predicted from a profile, of this machine or not.
+        simulated = summary.get("clock") == "virtual"
+        times = Table(
+            title=f"times (predicted: {summary.get('cost_model', '')} profile, virtual clock)"
+            if simulated
+            else "times (this machine)"
+        )
         for t in (counts, times):
             t.add_column("metric")
             t.add_column("value", justify="right")
@@ -122,6 +119,31 @@ class ConsoleObserver:
         self.console.print(counts)
         self.console.print(times)
         self.console.print(f"results in {run.output_dir}")
+
+    def _answers(self, run: Any) -> None:
+        """Each request's answer (or why it was rejected), the first `print_limit` of them."""
+        seqs = run.result.seqs
+        shown = seqs if self.print_limit is None else seqs[: self.print_limit]
+        if str(run.config.executor.name) == "simulated":
+            self.console.print(
+                "[dim]executor=simulated: the answers are seeded token draws, not model output[/]"
+            )
+        for s in shown:
+            if s.reject_reason:
+                self.console.print(f"[red]{s.id} rejected[/]: {s.reject_reason}")
+                continue
+            prompt = (s.spec.prompt or "").strip().replace("\n", " ")
+            if prompt:
+                self.console.print(f"[bold cyan]{s.id}[/] [dim]{prompt[:100]}[/]")
+            self.console.print(
+                f"  {run.texts.get(s.id, '').strip()}  "
+                f"[dim]({len(s.output_token_ids)} tokens, {s.finish_reason})[/]"
+            )
+        if len(shown) < len(seqs):
+            self.console.print(
+                f"[dim]... and {len(seqs) - len(shown):,} more answers in "
+                f"{run.output_dir}/outputs.jsonl (print_limit={self.print_limit})[/]"
+            )
 
     @hookimpl
     def on_run_abort(self, run: Any, error: BaseException, summary: dict[str, Any]) -> None:

@@ -4,7 +4,9 @@
   nested under its sweep's parent run in a multirun, named after what it varied, tagged with
   the git commit, the machine and the package versions, with the whole resolved config as
   flat params (`scheduler.name`, `engine.block_size`, `workload.output_lens`, ...);
-- at each step: a few numbers kept in memory (no call to the store);
+- at each step: a few numbers kept in memory (no call to the store), pooled into at most
+  `mlflow.max_step_points` points per series (`framework/tracking/series.py`: a trace of a
+  million steps would otherwise take the store a quarter of an hour);
 - at the end: the summary of `metrics.json` as metrics under the same names, the per-step
   series (`step.rows`, `step.blocks_in_use`, `step.waste_so_far`, `step.window`,
   `step.waiting`) sent in batches of 1000, and every file of the run folder as artifacts;
@@ -29,6 +31,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.api import hookimpl
+from framework.tracking.series import StepSeries
 from framework.tracking.store import TrackingStore
 from framework.tracking.tags import (
     PARENT_ENV,
@@ -48,10 +51,9 @@ class MlflowLogger:
         self.run_id: str | None = None
         self.quiet = False  # a job of a sweep: the sweep says where its runs are
         self.output_dir: Path | None = None
-        self.series: list[tuple[str, float, int, int]] = []
+        # A value below 2 is refused, with the field's name, before the run starts.
+        self.series = StepSeries(max(2, int(cfg.mlflow.get("max_step_points", 2000))))
         self._t0_ms = 0
-        self._rows = 0
-        self._kept = 0
 
     # ---- hooks ---------------------------------------------------------------------------
     @hookimpl
@@ -78,19 +80,15 @@ class MlflowLogger:
 
     @hookimpl
     def on_step_end(self, stats: Any) -> None:
-        self._rows += stats.rows
-        self._kept += stats.tokens_kept
-        t = self._t0_ms + int(stats.time * 1000)
-        # waste so far = 1 - kept / computed rows: it ends equal to the summary's
-        # waste_fraction (tokens still held on the device count as waste until they land).
-        waste = 1.0 - self._kept / self._rows if self._rows else 0.0
-        self.series += [
-            ("step.rows", stats.rows, t, stats.step),
-            ("step.blocks_in_use", stats.blocks_in_use, t, stats.step),
-            ("step.waste_so_far", waste, t, stats.step),
-            ("step.window", stats.window, t, stats.step),
-            ("step.waiting", stats.waiting, t, stats.step),
-        ]
+        self.series.add(
+            stats.step,
+            self._t0_ms + int(stats.time * 1000),
+            stats.rows,
+            stats.tokens_kept,
+            stats.blocks_in_use,
+            stats.window,
+            stats.waiting,
+        )
 
     @hookimpl(trylast=True)
     def on_run_end(self, run: Any, summary: dict[str, Any]) -> None:
@@ -149,7 +147,7 @@ class MlflowLogger:
             if said:
                 self.store.set_tags(self.run_id, said)
             self.store.log_summary(self.run_id, summary)
-            self.store.log_metrics(self.run_id, self.series, "the per-step series")
+            self.store.log_metrics(self.run_id, self.series.points(), "the per-step series")
             if self.output_dir is not None and self.output_dir.is_dir():
                 self.store.log_files(self.run_id, sorted(self.output_dir.iterdir()))
             self.store.end_run(self.run_id, status)
