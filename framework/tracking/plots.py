@@ -4,9 +4,9 @@
     python -m framework.tracking.plots outputs/2026-11-20/10-00-00
 
 - `slot_timeline.png`: one lane per batch slot (`engine.max_num_seqs`) over the steps (the
-  first `TIMELINE_STEPS` of a longer run); each
-  request is a coloured span, a finished row that stays in the forward (static batching's
-  waste) is grey and hatched, a preemption is an x, an empty slot is left blank.
+  first `TIMELINE_STEPS` of a longer run); each request is a coloured span, a finished row
+  that stays in the forward (static batching's waste) is grey and hatched, a preemption is
+  an x, an empty slot is left blank.
 - `kv_blocks.png`: KV blocks in use per step against the pool size, preemptions marked, and
   the waiting queue.
 - `latency_cdf.png`: the distributions of time to first token and end-to-end latency.
@@ -137,14 +137,13 @@ def plot_slot_timeline(
     day's trace is a million steps and twenty thousand spans, which took matplotlib four
     minutes to draw into a picture nobody could read."""
     step_ends = [float(s["time"]) for s in steps]
-    shown = len(steps) if len(steps) <= max_steps else max_steps
+    total, shown = len(steps), min(len(steps), max_steps)
     spans = [
         sp if sp.end < shown else Span(sp.request, sp.order, sp.start, shown - 1, sp.kind)
         for sp in request_spans(requests, step_ends)
         if sp.start < shown
     ]
     placed = assign_lanes(spans)
-    total = len(steps)
     steps = steps[:shown]
     lanes = max([max_num_seqs, *(lane + 1 for lane, _ in placed)])
     width = min(max(8.0, len(steps) / 8), 40.0)

@@ -51,14 +51,15 @@ class MlflowLogger:
         self.run_id: str | None = None
         self.quiet = False  # a job of a sweep: the sweep says where its runs are
         self.output_dir: Path | None = None
-        # A value below 2 is refused, with the field's name, before the run starts.
-        self.series = StepSeries(max(2, int(cfg.mlflow.get("max_step_points", 2000))))
+        self.max_step_points = int(cfg.mlflow.get("max_step_points", 2000))
+        self.series: StepSeries | None = None  # made at the start, once the run checked the field
         self._t0_ms = 0
 
     # ---- hooks ---------------------------------------------------------------------------
     @hookimpl
     def on_run_start(self, run: Any) -> None:
         self.output_dir = Path(run.output_dir)
+        self.series = StepSeries(self.max_step_points)
         job = hydra_job()
         parent, swept = self._parent(job)
         tags = {
@@ -80,6 +81,7 @@ class MlflowLogger:
 
     @hookimpl
     def on_step_end(self, stats: Any) -> None:
+        assert self.series is not None, "on_step_end before on_run_start"
         self.series.add(
             stats.step,
             self._t0_ms + int(stats.time * 1000),
@@ -147,7 +149,9 @@ class MlflowLogger:
             if said:
                 self.store.set_tags(self.run_id, said)
             self.store.log_summary(self.run_id, summary)
-            self.store.log_metrics(self.run_id, self.series.points(), "the per-step series")
+            if self.series is not None:
+                points = self.series.points()
+                self.store.log_metrics(self.run_id, points, "the per-step series")
             if self.output_dir is not None and self.output_dir.is_dir():
                 self.store.log_files(self.run_id, sorted(self.output_dir.iterdir()))
             self.store.end_run(self.run_id, status)
