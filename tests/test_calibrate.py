@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from experiments import calibrate
+from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import FORMAT, ProfileError
 from framework.executors.simulated.features import NAMES, StepFeatures
 from framework.executors.simulated.load import load_cost_model
@@ -305,3 +307,48 @@ def test_the_fit_is_scaled_so_that_a_runs_sum_is_unbiased() -> None:
     clean = [Sample(f, TRUE.seconds(f), 1e-4, f"g{i % 5}") for i, f in enumerate(steps)]
     exact = MeasuredProfile.fit(clean, {}, forward_terms=list(TRUE.per))
     assert exact.fit_report["forward_scale"] == pytest.approx(1.0, abs=1e-6)
+
+
+# A CPU fp32 step's cost with a prefill row's own price (its attention call in every layer),
+# about as SmolLM2 measured here: what the full grid must be able to tell from its tokens.
+ROW_PRICED = LinearCost(
+    0.044,
+    {
+        "linear_tokens>8": 1.2e-3,
+        "rows": 2.0e-4,
+        "prefill_rows": 1.2e-3,
+        "prefill_attn": 3.0e-7,
+        "decode_ctx": 3.0e-6,
+        "padded": 6.0e-3,
+        "has_prefill": 2.0e-3,
+    },
+)
+
+
+def prefill_step(rows: int, prompt: int) -> StepFeatures:
+    f = features([prompt] * rows)
+    return StepFeatures(**{**f.as_dict(), "linear_tokens": rows_bucket(f.num_tokens)})
+
+
+def test_the_full_grid_prices_a_prefill_row_apart_from_its_tokens(tiny: Any) -> None:
+    """Served on the tiny model for its schedule alone (each step's features), the full grid's
+    fitted points priced by ROW_PRICED with 3% noise: fitted with the CPU terms, many short
+    prompts at once (the straggler preset's 8 of 5 tokens) come out as right as a few long
+    ones. The grid's short prompts are all 16 tokens, yet its long prompts and mixed steps
+    separate a row from its tokens: over 8 seeds the worst of these steps was 0.6-2.1% off,
+    and 13-15% with `prefill_rows` left out of the terms (what this test guards)."""
+    model, tok = tiny
+    loaded = (model, tok, torch.device("cpu"), torch.float32)
+    rng = np.random.default_rng(0)
+    samples = []
+    for point in calibrate.full_grid():
+        if point.holdout:
+            continue
+        for feat, *_ in calibrate.serve_point(["model=tiny"], loaded, point, 0).steps:
+            noisy = ROW_PRICED.seconds(feat) * float(rng.lognormal(0.0, 0.03))
+            samples.append(Sample(feat, noisy, 1e-4, point.name))
+    fitted = MeasuredProfile.fit(samples, {}, forward_terms=calibrate.CPU_PACKED_TERMS).forward
+    for rows, prompt in ((8, 5), (16, 3), (12, 5), (1, 40), (4, 16)):
+        step = prefill_step(rows, prompt)
+        error = fitted.seconds(step) / ROW_PRICED.seconds(step) - 1
+        assert abs(error) < 0.04, (rows, prompt, error)
