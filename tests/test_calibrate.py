@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from experiments import calibrate
 from framework.executors.packed_linear import rows_bucket
@@ -20,11 +22,14 @@ from framework.executors.simulated.cost import FORMAT, ProfileError
 from framework.executors.simulated.features import NAMES, StepFeatures
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.profile import (
+    DERIVED,
     LinearCost,
     MeasuredProfile,
     Sample,
     fit_host,
+    is_compute,
     nnls,
+    term_value,
 )
 from framework.tracking.machine import ISA
 
@@ -352,3 +357,35 @@ def test_the_full_grid_prices_a_prefill_row_apart_from_its_tokens(tiny: Any) -> 
         step = prefill_step(rows, prompt)
         error = fitted.seconds(step) / ROW_PRICED.seconds(step) - 1
         assert abs(error) < 0.04, (rows, prompt, error)
+
+
+TERMS = [*NAMES, *DERIVED, *(f"{n}>{k}" for n in NAMES for k in (0, 8, 64))]
+
+
+@given(
+    per=st.dictionaries(
+        st.sampled_from(TERMS),
+        st.one_of(st.just(0.0), st.floats(1e-9, 1.0)),
+        max_size=12,
+    ),
+    intercept=st.floats(0.0, 0.1),
+    values=st.lists(
+        st.integers(0, 80) | st.integers(0, 5000), min_size=len(NAMES), max_size=len(NAMES)
+    ),
+)
+def test_a_cost_prices_a_step_as_its_terms_say(
+    per: dict[str, float], intercept: float, values: list[int]
+) -> None:
+    """`split` reads its terms once and skips the zeroed ones (a simulated run prices a
+    million steps); the seconds must still be, to the bit, the sum its definition says, in
+    the file's order."""
+    step = StepFeatures(**dict(zip(NAMES, values, strict=True)))
+    total = compute = 0.0
+    for term, coef in per.items():
+        v = coef * term_value(term, step)
+        total += v
+        if is_compute(term):
+            compute += v
+    cost = LinearCost(intercept, per)
+    assert cost.split(step) == (max(0.0, intercept + total), compute)
+    assert cost.split(step) == cost.split(step)  # the second call reads the terms kept

@@ -87,24 +87,52 @@ def term_value(name: str, features: StepFeatures) -> float:
     return value if knot is None else max(0.0, value - knot)
 
 
+# A term made ready to price a step: (derived function or None, feature, knot, coefficient,
+# compute-bound or not).
+Priced = tuple[Callable[[StepFeatures], float] | None, str, int | None, float, bool]
+
+
 @dataclass
 class LinearCost:
-    """`intercept_s + sum(per[term] * term(features))` seconds, never below zero."""
+    """`intercept_s + sum(per[term] * term(features))` seconds, never below zero.
+
+    `per` is read once, on the first step priced, into `_priced` (its terms parsed and the
+    zeroed ones dropped): a simulated run prices a million steps three times each, and
+    parsing every term every time was a tenth of the engine's work at trace scale. So `per`
+    is not to be changed in place once the cost has priced a step; make another cost."""
 
     intercept_s: float = 0.0
     per: dict[str, float] = field(default_factory=dict)
+    _priced: tuple[Priced, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def seconds(self, features: StepFeatures) -> float:
         return self.split(features)[0]
+
+    def _terms(self) -> tuple[Priced, ...]:
+        if self._priced is None:
+            ready = []
+            for t, c in self.per.items():
+                if c == 0.0:  # adds exactly nothing: the sums below are unchanged without it
+                    continue
+                feature, knot = parse_term(t)
+                ready.append((DERIVED.get(feature), feature, knot, c, is_compute(t)))
+            self._priced = tuple(ready)
+        return self._priced
 
     def split(self, features: StepFeatures) -> tuple[float, float]:
         """(all the seconds, those of the compute-bound terms): see `COMPUTE_FEATURES`.
         Every coefficient is non-negative, so the compute part is never above the whole."""
         total = compute = 0.0
-        for t, c in self.per.items():
-            v = c * term_value(t, features)
+        for derived, feature, knot, c, is_comp in self._terms():
+            if derived is not None:
+                value = derived(features)
+            else:
+                value = getattr(features, feature)
+                if knot is not None:
+                    value = value - knot if value > knot else 0
+            v = c * value
             total += v
-            if is_compute(t):
+            if is_comp:
                 compute += v
         return max(0.0, self.intercept_s + total), compute
 
