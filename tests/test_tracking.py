@@ -30,7 +30,14 @@ from framework.api.registry import registry
 from framework.run.observers import run_with_observers
 from framework.run.summary import COUNT_KEYS
 from framework.tracking import plots as plots_module
-from framework.tracking.plots import PLOTS, assign_lanes, read_csv, request_spans
+from framework.tracking.plots import (
+    PLOTS,
+    STEP_PLOT_COLUMNS,
+    assign_lanes,
+    read_csv,
+    request_spans,
+    save_run_plots,
+)
 from framework.tracking.tags import flatten, sweep_plan
 from plugins.observers.mlflow_logger import MlflowLogger
 from tests.helpers import ROOT, make_cfg
@@ -346,6 +353,22 @@ def test_the_slot_timeline_matches_the_engine_rows(
     assert sum(sp.preempted for _, sp in placed) == sum(int(s["preempted"]) for s in steps)
     assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)
     assert "requests" not in capsys.readouterr().err  # no progress bar off a terminal
+
+
+def test_the_plots_read_only_their_columns_of_steps_csv(
+    loaded: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """A whole day's trace is a million steps: the pictures keep 6 of steps.csv's columns
+    (a dict of every column a step was the run's peak memory), the same values."""
+    run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    every = read_csv(tmp_path / "steps.csv")
+    some = read_csv(tmp_path / "steps.csv", STEP_PLOT_COLUMNS)
+    assert some == [{c: row[c] for c in STEP_PLOT_COLUMNS} for row in every]
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        read_csv(tmp_path / "steps.csv", ("step", "nope"))
+    drawn = save_run_plots(tmp_path)
+    assert sorted(p.name for p in drawn) == sorted(PLOTS)
+    assert all(p.stat().st_size > 0 for p in drawn)
 
 
 def test_a_long_run_draws_the_first_steps_of_its_timeline(
