@@ -42,7 +42,7 @@ STAMP_ROUNDING = 1e-6  # requests.csv writes token times to the microsecond
 
 
 # The columns of steps.csv the pictures read: a whole day's trace is a million steps, and a
-# dict of all 25 columns a step held 2.7 GB while the plots drew (the run's peak).
+# dict of all 29 columns a step held 2.7 GB while the plots drew (the run's peak).
 STEP_PLOT_COLUMNS = ("step", "time", "rows", "blocks_in_use", "waiting", "preempted")
 
 
