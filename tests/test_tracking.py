@@ -19,9 +19,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
@@ -34,9 +37,12 @@ from framework.tracking.plots import (
     PLOTS,
     STEP_PLOT_COLUMNS,
     assign_lanes,
+    envelope,
     read_csv,
+    read_step_columns,
     request_spans,
     save_run_plots,
+    step_columns,
 )
 from framework.tracking.tags import flatten, sweep_plan
 from plugins.observers.mlflow_logger import MlflowLogger
@@ -346,7 +352,9 @@ def test_the_slot_timeline_matches_the_engine_rows(
     steps = read_csv(tmp_path / "steps.csv")
     requests = read_csv(tmp_path / "requests.csv")
     assert sum(int(s["preempted"]) for s in steps) > 0  # the case worth drawing
-    placed = assign_lanes(request_spans(requests, [float(s["time"]) for s in steps]))
+    placed = assign_lanes(
+        request_spans(requests, read_step_columns(tmp_path / "steps.csv")["time"].tolist())
+    )
     per_step = Counter(i for _, sp in placed for i in range(sp.start, sp.end + 1))
     assert [per_step.get(i, 0) for i in range(len(steps))] == [int(s["rows"]) for s in steps]
     assert max(lane for lane, _ in placed) < 6  # never more lanes than slots
@@ -358,17 +366,59 @@ def test_the_slot_timeline_matches_the_engine_rows(
 def test_the_plots_read_only_their_columns_of_steps_csv(
     loaded: tuple[Any, ...], tmp_path: Path
 ) -> None:
-    """A whole day's trace is a million steps: the pictures keep 6 of steps.csv's columns
-    (a dict of every column a step was the run's peak memory), the same values."""
-    run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    """A whole day's trace is a million steps: the pictures keep 6 of steps.csv's columns as
+    arrays, the same values read back from the file as taken from the run in memory."""
+    info = run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
     every = read_csv(tmp_path / "steps.csv")
-    some = read_csv(tmp_path / "steps.csv", STEP_PLOT_COLUMNS)
-    assert some == [{c: row[c] for c in STEP_PLOT_COLUMNS} for row in every]
+    some = read_step_columns(tmp_path / "steps.csv")
+    assert set(some) == set(STEP_PLOT_COLUMNS)
+    for c in STEP_PLOT_COLUMNS:
+        cast = float if c == "time" else int
+        assert some[c].tolist() == [cast(row[c]) for row in every]
+    assert some["time"].dtype == np.float64 and some["rows"].dtype == np.int64
+    kept = step_columns(info.result.steps)
+    assert all(kept[c].tolist() == some[c].tolist() for c in STEP_PLOT_COLUMNS)
     with pytest.raises(ValueError, match="no column 'nope'"):
-        read_csv(tmp_path / "steps.csv", ("step", "nope"))
+        read_step_columns(tmp_path / "steps.csv", ("step", "nope"))
     drawn = save_run_plots(tmp_path)
     assert sorted(p.name for p in drawn) == sorted(PLOTS)
     assert all(p.stat().st_size > 0 for p in drawn)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-50, 50), min_size=1, max_size=400),
+    st.integers(1, 30),
+)
+def test_a_curves_envelope_keeps_each_buckets_ends_and_extremes(
+    values: list[int], buckets: int
+) -> None:
+    """`envelope` (M4): in order, no index twice, and every run of consecutive points it
+    pools keeps its first, last, lowest and highest value, so the drawn curve spans the
+    same range in each pixel column as the whole series."""
+    y = np.array(values)
+    keep = envelope(y, buckets)
+    assert keep.tolist() == sorted(set(keep.tolist()))
+    assert keep[0] == 0 and keep[-1] == len(y) - 1
+    if len(y) <= 4 * buckets:
+        assert keep.tolist() == list(range(len(y)))
+        return
+    width = -(-len(y) // buckets)
+    kept = set(keep.tolist())
+    for start in range(0, len(y), width):
+        part = range(start, min(start + width, len(y)))
+        assert part[0] in kept and part[-1] in kept
+        mine = [i for i in part if i in kept]
+        assert min(y[i] for i in mine) == y[part[0] : part[-1] + 1].min()
+        assert max(y[i] for i in mine) == y[part[0] : part[-1] + 1].max()
+    assert len(keep) <= 4 * buckets
+
+
+def test_a_steps_file_without_steps_reads_as_empty_columns(tmp_path: Path) -> None:
+    path = tmp_path / "steps.csv"
+    path.write_text(",".join(STEP_PLOT_COLUMNS) + "\n")
+    got = read_step_columns(path)
+    assert all(len(v) == 0 for v in got.values())
 
 
 def test_a_long_run_draws_the_first_steps_of_its_timeline(
@@ -376,7 +426,7 @@ def test_a_long_run_draws_the_first_steps_of_its_timeline(
 ) -> None:
     """The timeline of a run longer than `max_steps` shows its first steps, and says so."""
     run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
-    steps = read_csv(tmp_path / "steps.csv")
+    steps = read_step_columns(tmp_path / "steps.csv")
     requests = read_csv(tmp_path / "requests.csv")
     drawn: dict[str, Any] = {}
     real_save = plots_module._save
@@ -392,7 +442,7 @@ def test_a_long_run_draws_the_first_steps_of_its_timeline(
     finally:
         plots_module._save = real_save
     assert drawn["xlim"] == (0, 10)
-    assert f"(the first 10 of {len(steps)})" in drawn["title"]
+    assert f"(the first 10 of {len(steps['step'])})" in drawn["title"]
     assert "differ" not in drawn["title"]  # clipped spans still match the engine's rows
 
 

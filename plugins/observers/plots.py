@@ -28,21 +28,24 @@ class PlotsObserver:
 
     @hookimpl
     def on_run_end(self, run: Any, summary: dict[str, Any]) -> None:
-        self._draw()
+        self._draw(run)
 
     @hookimpl
     def on_run_abort(self, run: Any, error: BaseException, summary: dict[str, Any]) -> None:
-        self._draw()
+        self._draw(run)
 
-    def _draw(self) -> None:
+    def _draw(self, run: Any) -> None:
         if self.output_dir is None or not (self.output_dir / "steps.csv").is_file():
             return  # stopped before anything was written: nothing to draw
-        from framework.tracking.plots import (
-            save_run_plots,  # matplotlib: imported only when drawing
-        )
+        # matplotlib: imported only when drawing
+        from framework.tracking.plots import save_run_plots, step_columns
 
         try:
-            save_run_plots(self.output_dir)
+            # The steps in memory where the run has them: a whole day's trace is a million
+            # rows of steps.csv, seconds to read back.
+            result = getattr(run, "result", None)
+            steps = step_columns(result.steps) if result is not None else None
+            save_run_plots(self.output_dir, steps)
         except Exception as exc:  # a picture is not worth a run's exit status
             print(f"plots: not drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
 
