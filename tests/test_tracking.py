@@ -8,6 +8,8 @@ file per module, since creating one costs seconds of schema migrations.
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import enum
 import json
 import os
@@ -30,7 +32,9 @@ from omegaconf import OmegaConf
 
 from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
+from framework.engine.counters import STEP_COLUMNS
 from framework.run.observers import run_with_observers
+from framework.run.report import _write_steps
 from framework.run.summary import COUNT_KEYS
 from framework.tracking import plots as plots_module
 from framework.tracking.plots import (
@@ -383,6 +387,21 @@ def test_the_plots_read_only_their_columns_of_steps_csv(
     drawn = save_run_plots(tmp_path)
     assert sorted(p.name for p in drawn) == sorted(PLOTS)
     assert all(p.stat().st_size > 0 for p in drawn)
+
+
+def test_steps_csv_is_what_the_csv_module_writes(loaded: tuple[Any, ...], tmp_path: Path) -> None:
+    """steps.csv is written one `%` a row (faster at a million rows): the same bytes as
+    `csv.writer`, a numpy number in a field included."""
+    info = run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    steps = list(info.result.steps)
+    steps[0] = dataclasses.replace(steps[0], window=np.float64(2.5), time=np.float32(0.25))
+    _write_steps(tmp_path / "mine.csv", steps)
+    with (tmp_path / "theirs.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(STEP_COLUMNS)
+        w.writerows(s.values() for s in steps)
+    assert (tmp_path / "mine.csv").read_bytes() == (tmp_path / "theirs.csv").read_bytes()
+    assert len(steps) > 10
 
 
 @settings(max_examples=60, deadline=None)
