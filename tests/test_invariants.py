@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from framework.api.policy import PolicyError, Scheduler
+from framework.api.policy import EngineView, OutputView, PolicyError, Scheduler
 from framework.engine.block_pool import BlockPool, BlockPoolError
+from framework.engine.frozen import make_frozen
 from framework.engine.invariants import InvariantError, check_end
 from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.simulated.cost import StepCost
+from framework.executors.simulated.features import StepFeatures
 from framework.run.summary import summarize
 from tests.helpers import make_cfg, run_engine
 
@@ -112,3 +117,61 @@ def test_slots_map_every_position_to_its_block() -> None:
             assert Engine._slots(stub, table, start, end) == want  # type: ignore[arg-type]
         with pytest.raises(IndexError):
             Engine._slots(stub, [7] * 5, 0, 5 * bs + 1)  # type: ignore[arg-type]
+
+
+def _every_field(cls: type) -> dict[str, object]:
+    """A value for each field of a dataclass (distinct, so a swapped field shows)."""
+    return {f.name: (i, f.name) for i, f in enumerate(dataclasses.fields(cls))}
+
+
+@pytest.mark.parametrize("cls", [EngineView, OutputView, StepFeatures, StepCost])
+def test_a_frozen_class_made_without_its_init_is_the_one_init_makes(cls: type) -> None:
+    """`make_frozen` (the engine's views, a step's features and cost: several a step) fills
+    the instance's dict at once; equal to `cls(**fields)`, with the same attributes, still
+    frozen, and only for classes with no `__post_init__` to skip."""
+    fields = _every_field(cls)
+    made, init = make_frozen(cls, **fields), cls(**fields)
+    assert made == init and vars(made) == vars(init) and hash(made) == hash(init)
+    assert not hasattr(cls, "__post_init__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.step = 0  # type: ignore[attr-defined]
+
+
+def test_the_engine_gives_every_view_each_of_its_fields(tiny) -> None:
+    """The engine's views set every field themselves (none left to a class default), so a
+    field added to `EngineView` or `OutputView` must be added where the engine makes them."""
+    import torch
+
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
+
+    model, tok = tiny
+    engine = build_engine(
+        make_cfg("model=tiny"), model, torch.device("cpu"), torch.float32, registry().pm.hook
+    )
+    seen: list[object] = []
+    real_view, real_output_view = engine._view, engine._output_view
+    engine._view = lambda *a, **k: seen.append(real_view(*a, **k)) or seen[-1]  # type: ignore[method-assign]
+    engine._output_view = lambda: seen.append(real_output_view()) or seen[-1]  # type: ignore[method-assign]
+    engine.run(specs(), tok.eos_token_id)
+    kinds = {type(v) for v in seen}
+    assert kinds == {EngineView, OutputView}
+    for v in seen:
+        assert set(vars(v)) >= {f.name for f in dataclasses.fields(v)}  # type: ignore[arg-type]
+
+
+class Displacing(GreedyBadScheduler):
+    def displace(self, view):  # type: ignore[no-untyped-def]
+        return []
+
+
+def test_only_a_scheduler_with_its_own_displace_is_asked() -> None:
+    """The default `displace` names no one: the engine skips the call and its view."""
+    from framework.api.guard import Guarded
+    from framework.engine.loop import displaces
+
+    assert not displaces(GreedyBadScheduler(None))  # type: ignore[arg-type]
+    assert displaces(Displacing(None))  # type: ignore[arg-type]
+    assert not displaces(Guarded(GreedyBadScheduler(None), "scheduler", "x", None))  # type: ignore[arg-type]
+    assert displaces(Guarded(Displacing(None), "scheduler", "x", None))  # type: ignore[arg-type]
+    assert displaces(object())  # not a Scheduler: asked, as before

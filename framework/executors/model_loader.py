@@ -16,19 +16,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from filelock import FileLock
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+
+# The config and the tokenizer only, at import: a simulated run needs no more, and the
+# modelling code (`AutoModelForCausalLM`, `LlamaForCausalLM`) took 3.5 s to import here
+# (2026-12-02, 2-core AMD EPYC); the functions that load weights import it themselves.
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +104,8 @@ def _is_prepared(target: Path) -> bool:
 def _dequantise_smollm2(target: Path) -> None:
     src = smollm2_gguf_dir()
     log.info("preparing SmolLM2 from %s (once; cached in %s)", src / SMOLLM2_GGUF, target)
+    from transformers import AutoModelForCausalLM
+
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     # The GGUF loader marks the model quantised; the weights are already plain fp32 tensors,
@@ -159,6 +160,8 @@ def load_model(
             raise ValueError(
                 f"model.path={folder} is not a causal LM (architectures: {config.architectures})"
             )
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model = model.to(device=device, dtype=dtype)
     model.eval()
@@ -210,6 +213,8 @@ def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConf
 
 def build_tiny(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """A random Llama with the real tokenizer's vocabulary; seeded so tests are reproducible."""
+    from transformers import LlamaForCausalLM
+
     config = tiny_config(spec, tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(spec.init_seed)
@@ -226,6 +231,8 @@ def build_random(config: Any, dtype: torch.dtype, device: torch.device, seed: in
     """A model of `config`'s shape with the library's own initialisation, seeded. Drawn on
     the host, so that the CPU and a GPU get the same weights (experiments.cuda_check
     compares their tokens), then moved."""
+    from transformers import AutoModelForCausalLM
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)

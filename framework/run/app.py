@@ -19,7 +19,6 @@ from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, Limits, Policies, RunResult
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.request import RequestSpec
-from framework.executors.hf import HFExecutor
 from framework.executors.model_loader import (
     TinySpec,
     load_model,
@@ -139,6 +138,10 @@ def build_engine(
         executor, clock = build_simulated(cfg, model)
         scratch = num_blocks
     else:
+        # The real executor's modules (transformers' modelling code) only where a model
+        # runs: a simulated run starts 3.5 s sooner without them.
+        from framework.executors.hf import HFExecutor
+
         cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
         executor = HFExecutor(
             model,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from framework.engine.batch import StepBatch
+from framework.engine.frozen import make_frozen
 from framework.executors.packed_linear import rows_bucket
 
 NAMES = (
@@ -65,7 +66,8 @@ class StepFeatures:
             if row.samples and not row.discard and not row.sampling.greedy:
                 random += 1
         tokens = prefill_tokens + decode_rows
-        return cls(
+        return make_frozen(  # every step: without the frozen __init__'s per-field setattr
+            cls,
             rows=len(batch.rows),
             num_tokens=tokens,
             linear_tokens=rows_bucket(tokens),

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from framework.engine.frozen import make_frozen
 from framework.executors.simulated.cost import FORMAT, HostCost, ProfileError, StepCost
 from framework.executors.simulated.features import NAMES, StepFeatures
 
@@ -335,7 +336,8 @@ class MeasuredProfile:
 
     def predict(self, features: StepFeatures) -> StepCost:
         forward, compute = self.forward.split(features)
-        return StepCost(forward, self.sample.seconds(features), compute)
+        sample = self.sample.seconds(features)
+        return make_frozen(StepCost, forward_s=forward, sample_s=sample, compute_s=compute)
 
     @classmethod
     def fit(
