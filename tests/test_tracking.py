@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import enum
+import gc
 import json
 import os
 import subprocess
@@ -33,8 +34,9 @@ from omegaconf import OmegaConf
 from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
 from framework.engine.counters import STEP_COLUMNS
+from framework.run import steps_csv
 from framework.run.observers import run_with_observers
-from framework.run.report import _write_steps
+from framework.run.steps_csv import write_steps
 from framework.run.summary import COUNT_KEYS
 from framework.tracking import plots as plots_module
 from framework.tracking.plots import (
@@ -389,19 +391,26 @@ def test_the_plots_read_only_their_columns_of_steps_csv(
     assert all(p.stat().st_size > 0 for p in drawn)
 
 
-def test_steps_csv_is_what_the_csv_module_writes(loaded: tuple[Any, ...], tmp_path: Path) -> None:
-    """steps.csv is written one `%` a row (faster at a million rows): the same bytes as
-    `csv.writer`, a numpy number in a field included."""
+@pytest.mark.parametrize("parallel_steps", [10**9, 1], ids=["one process", "forked workers"])
+def test_steps_csv_is_what_the_csv_module_writes(
+    loaded: tuple[Any, ...], tmp_path: Path, parallel_steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """steps.csv is written one `%` a row, and a long run's rows are formatted by forked
+    workers in chunks: the same bytes as `csv.writer` either way, a numpy number in a field
+    included, and the heap as frozen (or not) afterwards as before."""
     info = run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
     steps = list(info.result.steps)
     steps[0] = dataclasses.replace(steps[0], window=np.float64(2.5), time=np.float32(0.25))
-    _write_steps(tmp_path / "mine.csv", steps)
+    monkeypatch.setattr(steps_csv, "CHUNK_STEPS", 7)  # several chunks, the last one short
+    frozen = gc.get_freeze_count()
+    write_steps(tmp_path / "mine.csv", steps, parallel_steps=parallel_steps)
+    assert gc.get_freeze_count() == frozen
     with (tmp_path / "theirs.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(STEP_COLUMNS)
         w.writerows(s.values() for s in steps)
     assert (tmp_path / "mine.csv").read_bytes() == (tmp_path / "theirs.csv").read_bytes()
-    assert len(steps) > 10
+    assert len(steps) > 3 * 7
 
 
 @settings(max_examples=60, deadline=None)

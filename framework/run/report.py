@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.engine.counters import STEP_COLUMNS, StepStats
+from framework.run.steps_csv import write_steps
 from framework.run.summary import request_row
 
 if TYPE_CHECKING:
@@ -30,22 +30,6 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
-# One row of steps.csv: every cell a number, so no quoting; the csv module's line ending,
-# so the file is the bytes `csv.writer` wrote (one `%` a row is 1.38x its cell-by-cell
-# writing: 2026-12-02, 2-core AMD EPYC, where a whole day's trace is a million rows).
-_STEP_ROW = ",".join(["%s"] * len(STEP_COLUMNS)) + "\r\n"
-
-
-def _write_steps(path: Path, steps: list[StepStats]) -> None:
-    """steps.csv, a row at a time from each step's tuple (no list of a million dicts)."""
-    with path.open("w", newline="") as f:
-        if not steps:
-            return
-        f.write(",".join(STEP_COLUMNS) + "\r\n")
-        row = _STEP_ROW
-        f.writelines(row % st.values() for st in steps)
-
-
 def write_results(
     out: Path, cfg: DictConfig, result: RunResult, summary: dict[str, Any], texts: dict[str, str]
 ) -> None:
@@ -53,7 +37,7 @@ def write_results(
     (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     _write_csv(out / "requests.csv", [request_row(s) for s in result.seqs])
-    _write_steps(out / "steps.csv", result.steps)
+    write_steps(out / "steps.csv", result.steps)
     with (out / "outputs.jsonl").open("w") as f:
         for s in result.seqs:
             f.write(
