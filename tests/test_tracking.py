@@ -382,6 +382,9 @@ def test_the_plots_read_only_their_columns_of_steps_csv(
         cast = float if c == "time" else int
         assert some[c].tolist() == [cast(row[c]) for row in every]
     assert some["time"].dtype == np.float64 and some["rows"].dtype == np.int64
+    floats = read_step_columns(tmp_path / "steps.csv", ("window", "forward_s"))
+    assert floats["forward_s"].tolist() == [float(row["forward_s"]) for row in every]
+    assert floats["window"].dtype == np.float64
     kept = step_columns(info.result.steps)
     assert all(kept[c].tolist() == some[c].tolist() for c in STEP_PLOT_COLUMNS)
     with pytest.raises(ValueError, match="no column 'nope'"):

@@ -48,7 +48,7 @@ STEP_PLOT_COLUMNS = ("step", "time", "rows", "blocks_in_use", "waiting", "preemp
 # Points a per-step curve keeps at most (`envelope`): a few per pixel column of the picture.
 CURVE_POINTS = 2000
 
-# steps.csv's plotted columns, one array each (ints as int64, `time` as float64).
+# steps.csv's columns, one array each (counts as int64, seconds and the window as float64).
 StepColumns = dict[str, np.ndarray]
 
 
@@ -72,7 +72,7 @@ def read_step_columns(path: Path, columns: tuple[str, ...] = STEP_PLOT_COLUMNS) 
         raise ValueError(f"{path}: no column {missing[0]!r} (has {', '.join(head)})")
     at = [head.index(c) for c in columns]
     if not has_rows:
-        return {c: np.zeros(0, dtype=float if c == "time" else np.int64) for c in columns}
+        return {c: _typed(c, np.zeros(0)) for c in columns}
     table = np.loadtxt(path, delimiter=",", skiprows=1, usecols=at, ndmin=2, dtype=np.float64)
     return {c: _typed(c, table[:, i]) for i, c in enumerate(columns)}
 
@@ -88,7 +88,10 @@ def step_columns(steps: list[Any], columns: tuple[str, ...] = STEP_PLOT_COLUMNS)
 
 
 def _typed(column: str, values: np.ndarray) -> np.ndarray:
-    return values if column == "time" else values.astype(np.int64)
+    """steps.csv's counts as int64; its seconds (`time`, `*_s`) and `window` stay floats."""
+    if column in ("time", "window") or column.endswith("_s"):
+        return values
+    return values.astype(np.int64)
 
 
 def envelope(values: np.ndarray, buckets: int = CURVE_POINTS) -> np.ndarray:
