@@ -358,9 +358,12 @@ def test_the_slot_timeline_matches_the_engine_rows(
     steps = read_csv(tmp_path / "steps.csv")
     requests = read_csv(tmp_path / "requests.csv")
     assert sum(int(s["preempted"]) for s in steps) > 0  # the case worth drawing
-    placed = assign_lanes(
-        request_spans(requests, read_step_columns(tmp_path / "steps.csv")["time"].tolist())
-    )
+    ends = read_step_columns(tmp_path / "steps.csv")["time"].tolist()
+    spans = request_spans(requests, ends)
+    placed = assign_lanes(spans)
+    for k in (1, len(steps) // 3, len(steps) // 2, len(steps)):  # the slot timeline's cut
+        cut = [sp for sp in request_spans(requests, ends, until=k) if sp.start < k]
+        assert cut == [sp for sp in spans if sp.start < k]
     per_step = Counter(i for _, sp in placed for i in range(sp.start, sp.end + 1))
     assert [per_step.get(i, 0) for i in range(len(steps))] == [int(s["rows"]) for s in steps]
     assert max(lane for lane, _ in placed) < 6  # never more lanes than slots

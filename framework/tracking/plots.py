@@ -146,15 +146,22 @@ def _runs(steps: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def request_spans(requests: list[dict[str, str]], step_ends: list[float]) -> list[Span]:
-    """Where each admitted request held a row (see the module's note on accuracy)."""
+def request_spans(
+    requests: list[dict[str, str]], step_ends: list[float], until: int | None = None
+) -> list[Span]:
+    """Where each admitted request held a row (see the module's note on accuracy); with
+    `until`, only the requests admitted before that step (the slot timeline shows the first
+    2,000 steps of a million: the rest's spans were two seconds of a whole trace's plots)."""
     spans: list[Span] = []
     last = len(step_ends) - 1
     for order, r in enumerate(requests):
         admitted, finished = num(r.get("admitted_s")), num(r.get("finished_s"))
         if admitted is None or finished is None:
             continue  # rejected, or never ran (an aborted run)
-        a, f = step_of(step_ends, admitted), min(step_of(step_ends, finished), last)
+        a = step_of(step_ends, admitted)
+        if until is not None and a >= until:
+            continue  # a span starts at or after admission: none is shown
+        f = min(step_of(step_ends, finished), last)
         released = num(r.get("released_s"))
         end = min(step_of(step_ends, released), last + 1) - 1 if released is not None else f
         if int(r.get("preemptions") or 0) == 0:
@@ -205,7 +212,7 @@ def plot_slot_timeline(
     shown = min(total, max_steps)
     spans = [
         sp if sp.end < shown else Span(sp.request, sp.order, sp.start, shown - 1, sp.kind)
-        for sp in request_spans(requests, step_ends)
+        for sp in request_spans(requests, step_ends, until=shown)
         if sp.start < shown
     ]
     placed = assign_lanes(spans)
