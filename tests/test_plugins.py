@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pluggy
 import pytest
@@ -411,6 +411,27 @@ class AdmitsARunningRow(Scheduler):
         return [*view.running[:1], *view.waiting[:1]]
 
 
+class EvictsEveryRunningRow(Scheduler):
+    """Names every running row, finished or not (asked once one has finished)."""
+
+    def evict(self, view: EngineView) -> list[Sequence]:
+        return list(view.running)
+
+    def admit(self, view: EngineView) -> list[Sequence]:
+        return admit_fcfs(view)
+
+
+class CountsEvictions(EvictsEveryRunningRow):
+    """Continuous batching that notes, each time it is asked to evict, how many running
+    rows had finished."""
+
+    asked: ClassVar[list[int]] = []
+
+    def evict(self, view: EngineView) -> list[Sequence]:
+        self.asked.append(sum(s.finished for s in view.running))
+        return [s for s in view.running if s.finished]
+
+
 class NamesAWaitingRequest(Preemption):
     """Asks the engine to free the blocks of a request that holds none."""
 
@@ -424,7 +445,11 @@ def rogue_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     reg = Registry.from_entry_points()
     module = plugin_module(
         "rogue",
-        register_schedulers=lambda register: register("admits_running", AdmitsARunningRow),
+        register_schedulers=lambda register: (
+            register("admits_running", AdmitsARunningRow),
+            register("evicts_running", EvictsEveryRunningRow),
+            register("counts_evictions", CountsEvictions),
+        ),
         register_preemptions=lambda register: register("names_waiting", NamesAWaitingRequest),
     )
     reg.add_plugin(module, "rogue", "nanoserve-rogue-plugin")
@@ -457,6 +482,24 @@ def test_a_policy_that_breaks_the_contract_is_stopped_by_name(
     specs = tiny_specs([0] * 7, [20] * 7)
     with pytest.raises(PolicyError, match=message):
         run_engine(make_cfg("model=tiny", *overrides), model, tok, specs)
+
+
+@pytest.mark.usefixtures("rogue_plugin")
+def test_evict_is_asked_when_a_row_has_finished_and_its_contract_holds(tiny: Any) -> None:
+    """The engine asks `evict` only before a forward in which some running row has
+    finished (with none, it may name nothing): every call sees one, a run's results are
+    continuous batching's, and a scheduler naming an unfinished row is still stopped."""
+    model, tok = tiny
+    specs = tiny_specs([0] * 4, [3, 9, 5, 12])
+    CountsEvictions.asked = []
+    counted = run_engine(make_cfg("model=tiny", "scheduler=counts_evictions"), model, tok, specs)
+    plain = run_engine(make_cfg("model=tiny", "scheduler=continuous"), model, tok, specs)
+    assert CountsEvictions.asked and all(n > 0 for n in CountsEvictions.asked)
+    assert len(CountsEvictions.asked) < len(counted.steps)  # not asked every step
+    assert [s.output_token_ids for s in counted.seqs] == [s.output_token_ids for s in plain.seqs]
+    assert [s.values()[2:17] for s in counted.steps] == [s.values()[2:17] for s in plain.steps]
+    with pytest.raises(PolicyError, match=r"evicted r1, not a finished running row"):
+        run_engine(make_cfg("model=tiny", "scheduler=evicts_running"), model, tok, specs)
 
 
 # --- the example package, installed as a user would -----------------------------------------

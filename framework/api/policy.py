@@ -197,7 +197,9 @@ class Scheduler(ABC):
 
     @abstractmethod
     def evict(self, view: EngineView) -> list[Sequence]:
-        """Finished rows to release before the forward (a subset of finished running rows)."""
+        """Finished rows to release before the forward (a subset of finished running rows).
+        Asked before each forward in which some running row has finished (`seq.finished`),
+        and only then: with none, there is nothing it may name."""
 
     @abstractmethod
     def admit(self, view: EngineView) -> list[Sequence]:

@@ -454,6 +454,14 @@ class Engine:
         """Release the finished rows the scheduler names. Their held tokens come home first
         (the rows change), which may reveal more finished rows: the scheduler is asked again."""
         kept, finished = 0, []
+        # A scheduler may name finished running rows only (checked below), so it is asked
+        # only when there is one: at trace scale a row finishes in one step of fifty, and the
+        # view and the call were a tenth of an idle step's work. (`finished`, inlined.)
+        if not any(
+            s.finish_reason is not None or len(s.output_token_ids) + s.num_held >= s._max_tokens
+            for s in self.running
+        ):
+            return [], kept, finished
         evict = self.p.scheduler.evict(self._view())
         if evict and self.held:
             kept, finished = self._apply(self._drain(len(self.held)))

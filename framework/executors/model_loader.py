@@ -24,10 +24,10 @@ from filelock import FileLock
 # The config and the tokenizer only, at import: a simulated run needs no more, and the
 # modelling code (`AutoModelForCausalLM`, `LlamaForCausalLM`) took 3.5 s to import here
 # (2026-12-02, 2-core AMD EPYC); the functions that load weights import it themselves.
-from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import LlamaConfig, PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,10 @@ def load_model_config(
 
 
 def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    # Imported here: importing `LlamaConfig` pulls in transformers' distributed-tensor code
+    # (1.5 s, 2026-12-02, AMD EPYC), which a run of a model from a folder never needs.
+    from transformers import LlamaConfig
+
     return LlamaConfig(
         architectures=["LlamaForCausalLM"],
         vocab_size=len(tokenizer),
