@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
 from tests.helpers import ROOT, assert_refused, cli
 
@@ -76,6 +78,17 @@ def test_cli_writes_every_result_file(tmp_path: Path) -> None:
         for o in outputs
     )
     assert "counts (any machine)" in proc.stdout and "times (this machine)" in proc.stdout
+    # The run was logged by the MLflow helper process (a single run, mlflow not imported
+    # before it started: framework/tracking/background.py), whole.
+    assert "MLflow: logged run" in proc.stdout, proc.stdout[-2000:]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("nanoserve").experiment_id],
+        filter_string=f"tags.`nanoserve.output_dir` = '{tmp_path.resolve()}'",
+    )
+    assert run.info.status == "FINISHED" and run.data.metrics["token_slots"] == 256
+    assert run.data.params["scheduler.name"] == "static"
+    assert {"steps.csv", "metrics.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 @pytest.mark.parametrize(

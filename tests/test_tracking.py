@@ -38,7 +38,9 @@ from framework.run import steps_csv
 from framework.run.observers import run_with_observers
 from framework.run.steps_csv import write_steps
 from framework.run.summary import COUNT_KEYS
+from framework.tracking import background as background_module
 from framework.tracking import plots as plots_module
+from framework.tracking.background import ORPHANED, BackgroundRun
 from framework.tracking.plots import (
     PLOTS,
     STEP_PLOT_COLUMNS,
@@ -131,10 +133,21 @@ def test_sweep_plan_expands_like_the_basic_sweeper() -> None:
 
 
 # ---- one run -------------------------------------------------------------------------------
-def test_a_run_is_logged_whole(tracked: str, loaded: tuple[Any, ...], tmp_path: Path) -> None:
-    cfg = make_cfg(*STRAGGLER, "mlflow.experiment=single", "observers=[plots,mlflow]")
+@pytest.mark.parametrize("background", [False, True], ids=["this process", "helper process"])
+def test_a_run_is_logged_whole(
+    tracked: str, loaded: tuple[Any, ...], tmp_path: Path, background: bool
+) -> None:
+    """Everything a run logs, whether this process logs it or the helper process beside the
+    engine (`mlflow.background`, framework/tracking/background.py)."""
+    experiment = f"single-{background}"
+    cfg = make_cfg(
+        *STRAGGLER,
+        f"mlflow.experiment={experiment}",
+        f"mlflow.background={background}",
+        "observers=[plots,mlflow]",
+    )
     run_with_observers(cfg, tmp_path, loaded)
-    (run,) = runs_of(tracked, "single")
+    (run,) = runs_of(tracked, experiment)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "scheduler=static allocator=incremental preemption=recompute " + (
         "output=immediate"
@@ -217,9 +230,13 @@ def test_a_long_run_sends_each_series_pooled(
     assert max(waste, key=lambda m: m.step).value == pytest.approx(summary["waste_fraction"])
 
 
-@pytest.mark.parametrize("kind", ["sqlite-under-a-file", "closed-port"])
+@pytest.mark.parametrize(
+    ("kind", "background"),
+    [("sqlite-under-a-file", False), ("closed-port", False), ("sqlite-under-a-file", True)],
+)
 def test_a_store_that_is_down_costs_the_run_nothing(
     kind: str,
+    background: bool,
     blocked: str,
     loaded: tuple[Any, ...],
     tmp_path: Path,
@@ -228,7 +245,12 @@ def test_a_store_that_is_down_costs_the_run_nothing(
 ) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     uri = blocked if kind == "sqlite-under-a-file" else "http://127.0.0.1:9"
-    cfg = make_cfg(*STRAGGLER, f"mlflow.tracking_uri={uri}", "observers=[mlflow]")
+    cfg = make_cfg(
+        *STRAGGLER,
+        f"mlflow.tracking_uri={uri}",
+        f"mlflow.background={background}",
+        "observers=[mlflow]",
+    )
     run_with_observers(cfg, tmp_path, loaded)
     assert json.loads((tmp_path / "metrics.json").read_text())["tokens_kept"] == 60
     err = capsys.readouterr().err
@@ -254,6 +276,34 @@ def test_a_store_failing_half_way_costs_the_run_nothing(
     assert "MLflow: not logged: uploading" in err and "artifact store unmounted" in err, err
     (run,) = runs_of(tracked, "halfway")
     assert run.info.status == "FAILED"  # not left "running" for ever
+
+
+def test_the_helper_closes_a_run_its_process_left_open(tracked: str) -> None:
+    """A run whose process ends without finishing it (killed, say) is closed by the MLflow
+    helper as FAILED, saying why, instead of showing as running for ever."""
+    helper = BackgroundRun()
+    settings = {"tracking_uri": tracked, "experiment": "orphaned", "fatal": False}
+    helper.start((settings, "left open", {"nanoserve.kind": "run"}, None, {"seed": "0"}))
+    assert helper._proc is not None and helper._proc.stdin is not None
+    helper._proc.stdin.close()  # what this process's end looks like to the helper
+    assert helper._proc.wait(timeout=120) == 0
+    (run,) = runs_of(tracked, "orphaned")
+    assert run.info.status == "FAILED" and run.data.params["seed"] == "0"
+    assert run.data.tags["nanoserve.error"] == ORPHANED
+
+
+def test_a_helper_that_cannot_start_costs_the_run_nothing(
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(background_module.sys, "executable", str(tmp_path / "no-python"))
+    cfg = make_cfg(*STRAGGLER, "mlflow.background=true", "observers=[mlflow]")
+    run_with_observers(cfg, tmp_path, loaded)
+    assert json.loads((tmp_path / "metrics.json").read_text())["tokens_kept"] == 60
+    err = capsys.readouterr().err
+    assert "MLflow: not logged: starting the MLflow helper process failed" in err, err
 
 
 def test_fatal_makes_a_failing_store_fail_the_run(
@@ -296,19 +346,30 @@ def stop_at_step_3() -> Iterator[Callable[[BaseException], None]]:
 
 
 @pytest.mark.parametrize(
-    ("error", "status"), [(KeyboardInterrupt(), "KILLED"), (RuntimeError("boom"), "FAILED")]
+    ("error", "status", "background"),
+    [
+        (KeyboardInterrupt(), "KILLED", False),
+        (RuntimeError("boom"), "FAILED", False),
+        (KeyboardInterrupt(), "KILLED", True),
+    ],
 )
 def test_a_stopped_run_is_logged_as_killed_or_failed(
     error: BaseException,
     status: str,
+    background: bool,
     tracked: str,
     loaded: tuple[Any, ...],
     tmp_path: Path,
     stop_at_step_3: Callable[[BaseException], None],
 ) -> None:
     stop_at_step_3(error)
-    experiment = f"abort-{status.lower()}"
-    cfg = make_cfg(*STRAGGLER, f"mlflow.experiment={experiment}", "observers=[mlflow]")
+    experiment = f"abort-{status.lower()}-{background}"
+    cfg = make_cfg(
+        *STRAGGLER,
+        f"mlflow.experiment={experiment}",
+        f"mlflow.background={background}",
+        "observers=[mlflow]",
+    )
     with pytest.raises(BaseException) as raised:
         run_with_observers(cfg, tmp_path, loaded)
     assert isinstance(raised.value, type(error)) or "boom" in str(raised.value)

@@ -87,6 +87,10 @@ class MlflowConfig:
     # Points per per-step series (`step.rows`, ...): exact up to this many steps, then means
     # over runs of steps (framework/tracking/series.py); steps.csv keeps every step.
     max_step_points: int = 2000
+    # Who logs a run: a helper process beside the engine (true), this process (false), or
+    # null: the helper for a single run whose store may fail softly, in a process that has
+    # not imported mlflow yet (framework/tracking/background.py).
+    background: bool | None = None
 
 
 @dataclass

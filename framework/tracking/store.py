@@ -32,7 +32,7 @@ class TrackingError(RuntimeError):
     """The tracking store failed and `mlflow.fatal=true` asked for the run to fail too."""
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first[:300]}"
 
@@ -62,7 +62,7 @@ class TrackingStore:
         try:
             return fn()
         except Exception as exc:
-            self.broken = f"{what} at {self.uri} failed: {_reason(exc)}"
+            self.broken = f"{what} at {self.uri} failed: {failure_reason(exc)}"
             if self.fatal:
                 raise TrackingError(
                     f"MLflow: {self.broken} (mlflow.fatal=true, so the run fails)"

@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.api import hookimpl
+from framework.tracking.background import BackgroundRun, finish_run
 from framework.tracking.series import StepSeries
 from framework.tracking.store import TrackingStore
 from framework.tracking.tags import (
@@ -48,6 +49,9 @@ class MlflowLogger:
 
     def __init__(self, cfg: Any) -> None:
         self.store = TrackingStore(cfg.mlflow)
+        self.settings = {k: cfg.mlflow.get(k) for k in ("tracking_uri", "experiment", "fatal")}
+        self.background_setting = cfg.mlflow.get("background")
+        self.background: BackgroundRun | None = None  # the helper process, when it logs
         self.run_id: str | None = None
         self.quiet = False  # a job of a sweep: the sweep says where its runs are
         self.output_dir: Path | None = None
@@ -72,12 +76,29 @@ class MlflowLogger:
         }
         # In a sweep the parent run's line at the end says where the runs went: no line each.
         self.quiet = parent is not None
-        self.run_id = self.store.start_run(run_name(run.config, job, swept), tags, parent)
-        if self.run_id is not None:
-            params = self.store.attempt("reading the config", lambda: self._params(run, job))
-            if params is not None:
-                self.store.log_params(self.run_id, params)
+        name = run_name(run.config, job, swept)
+        if self._in_background(job):
+            self.background = BackgroundRun()
+            self.background.start((self.settings, name, tags, None, self._params(run, job)))
+        else:
+            self.run_id = self.store.start_run(name, tags, parent)
+            if self.run_id is not None:
+                params = self.store.attempt("reading the config", lambda: self._params(run, job))
+                if params is not None:
+                    self.store.log_params(self.run_id, params)
         self._t0_ms = int(time.time() * 1000)
+
+    def _in_background(self, job: HydraJob | None) -> bool:
+        """Whether a helper process logs this run (`mlflow.background`; see
+        framework/tracking/background.py). By default where it saves the most and changes
+        the least: a single run (a sweep's jobs find their parent run here), whose store may
+        fail softly (`fatal=true` must fail the run at its start), in a process that has not
+        imported mlflow yet (else the import is paid already, and only the store is left)."""
+        if self.background_setting is not None:
+            return bool(self.background_setting)
+        return not (
+            self.store.fatal or (job is not None and job.multirun) or "mlflow" in sys.modules
+        )
 
     @hookimpl
     def on_step_end(self, stats: Any) -> None:
@@ -126,38 +147,41 @@ class MlflowLogger:
         return params
 
     def _finish(self, summary: dict[str, Any], status: str, error: BaseException | None) -> None:
-        if self.run_id is not None:
-            if error is not None:
-                self.store.set_tags(self.run_id, {"nanoserve.error": repr(error)})
-            # A simulated run says what predicted its seconds (an analytic profile, say); a
-            # real one which kernels this machine got, and how they were chosen.
-            said = {
-                f"nanoserve.{k}": str(summary[k])
-                for k in (
-                    "clock",
-                    "cost_model",
-                    "profile",
-                    "speed",
-                    "compute_speed",
-                    "overlap",
-                    "linears",
-                    "decode_attention",
-                    "argmax",
-                )
-                if k in summary
-            }
-            if said:
-                self.store.set_tags(self.run_id, said)
-            self.store.log_summary(self.run_id, summary)
-            if self.series is not None:
-                points = self.series.points()
-                self.store.log_metrics(self.run_id, points, "the per-step series")
-            if self.output_dir is not None and self.output_dir.is_dir():
-                self.store.log_files(self.run_id, sorted(self.output_dir.iterdir()))
-            self.store.end_run(self.run_id, status)
-        if self.store.broken is not None:
+        # A simulated run says what predicted its seconds (an analytic profile, say); a
+        # real one which kernels this machine got, and how they were chosen.
+        tags = {
+            f"nanoserve.{k}": str(summary[k])
+            for k in (
+                "clock",
+                "cost_model",
+                "profile",
+                "speed",
+                "compute_speed",
+                "overlap",
+                "linears",
+                "decode_attention",
+                "argmax",
+            )
+            if k in summary
+        }
+        if error is not None:
+            tags["nanoserve.error"] = repr(error)
+        series = list(self.series.points()) if self.series is not None else []
+        files = (
+            sorted(self.output_dir.iterdir())
+            if self.output_dir is not None and self.output_dir.is_dir()
+            else []
+        )
+        broken = self.store.broken
+        if self.background is not None:
+            finish = (status, tags, summary, series, [str(f) for f in files])
+            self.run_id, broken = self.background.finish(finish)
+        elif self.run_id is not None:
+            finish_run(self.store, self.run_id, status, tags, summary, series, files)
+            broken = self.store.broken
+        if broken is not None:
             where = f"; results are in {self.output_dir}" if self.output_dir else ""
-            print(f"MLflow: not logged: {self.store.broken}{where}", file=sys.stderr, flush=True)
+            print(f"MLflow: not logged: {broken}{where}", file=sys.stderr, flush=True)
         elif self.run_id is not None and not self.quiet:
             print(
                 f"MLflow: logged run {self.run_id} ({status.lower()}) to {self.store.uri}, "
