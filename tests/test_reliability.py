@@ -451,13 +451,13 @@ def test_a_refused_job_in_a_sweep_is_named_and_the_jobs_before_it_keep_results(
 BUGS = {
     "a policy raises": (
         "import plugins.schedulers.continuous as c\n"
-        "evict = c.ContinuousScheduler.evict\n"
+        "admit = c.ContinuousScheduler.admit\n"
         "def broken(self, view):\n"
         "    if view.step == 2:\n"
         "        raise RuntimeError('boom')\n"
-        "    return evict(self, view)\n"
-        "c.ContinuousScheduler.evict = broken\n",
-        "PolicyError: scheduler policy 'continuous' (nanoserve) raised in evict",
+        "    return admit(self, view)\n"
+        "c.ContinuousScheduler.admit = broken\n",
+        "PolicyError: scheduler policy 'continuous' (nanoserve) raised in admit",
     ),
     "the code reads a key that is not there": (
         "import framework.run.app as app\n"

@@ -28,7 +28,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
 
-import framework
 from framework.tracking.store import TrackingStore, failure_reason
 
 # What the helper is sent at the start: (settings, run name, tags, parent run, params).
@@ -67,13 +66,15 @@ class BackgroundRun:
     def __init__(self) -> None:
         self.broken: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._replies: list[tuple[str, str | None, str | None]] = []  # (what, run id, broken)
+        self._finish_sent = False
 
     def start(self, start: Start) -> None:
         """Start the helper and send it the run's opening; this returns at once."""
         env = dict(os.environ)
         # The helper imports this package from where this process found it, whatever the
         # working directory (run.py's folder is on this process's path, not the helper's).
-        root = str(Path(framework.__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # framework/tracking/ is two down
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             self._proc = subprocess.Popen(
@@ -84,21 +85,25 @@ class BackgroundRun:
                 start_new_session=True,  # Ctrl-C stops the run, which closes the MLflow run
             )
             self._send(start)
-        except OSError as exc:
-            self._fail(f"starting the MLflow helper process failed: {exc}")
+        except Exception as exc:  # no such interpreter, no process left, a value unsendable
+            self._fail(f"starting the MLflow helper process failed: {failure_reason(exc)}")
 
     def finish(self, finish: Finish) -> tuple[str | None, str | None]:
-        """Send the end of the run, wait until the helper has logged it; (run id, broken)."""
+        """Send the end of the run, wait until the helper has logged it; (run id, broken).
+
+        Interrupted while it waits (Ctrl-C as the files upload), a second call (the run's
+        abort) waits on: the end was sent once, and the helper logs it whole."""
         proc = self._proc
         if proc is None or self.broken is not None:
             return None, self.broken
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
         try:
-            self._send(finish)
-            assert proc.stdin is not None
-            proc.stdin.close()
-            _, run_id, _ = pickle.load(proc.stdout)  # ("started", run id, broken)
-            _, _, broken = pickle.load(proc.stdout)  # ("done", run id, broken)
+            if not self._finish_sent:
+                self._finish_sent = True
+                self._send(finish)
+                proc.stdin.close()
+            while len(self._replies) < 2:  # ("started", ...), then ("done", ...)
+                self._replies.append(pickle.load(proc.stdout))
         except Exception as exc:  # it died, or a value could not be sent: not logged
             code = proc.poll()
             said = "" if code is None else f" (exit status {code})"
@@ -107,6 +112,7 @@ class BackgroundRun:
         proc.stdout.close()
         proc.wait()
         self._proc = None
+        _, run_id, broken = self._replies[-1]
         return run_id, broken
 
     def _send(self, message: Any) -> None:
