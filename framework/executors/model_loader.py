@@ -195,8 +195,9 @@ def load_model_config(
 
 
 def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
-    # Imported here: importing `LlamaConfig` pulls in transformers' distributed-tensor code
-    # (1.5 s, 2026-12-02, AMD EPYC), which a run of a model from a folder never needs.
+    # Imported here, not with the module: `LlamaConfig` pulls in transformers'
+    # distributed-tensor code (1.5 s, 2026-12-02, AMD EPYC). A model read from a folder
+    # imports its config class as its config loads, and pays most of it there instead.
     from transformers import LlamaConfig
 
     return LlamaConfig(

@@ -78,8 +78,9 @@ class MlflowLogger:
         self.quiet = parent is not None
         name = run_name(run.config, job, swept)
         if self._in_background(job):
+            params = self.store.attempt("reading the config", lambda: self._params(run, job))
             self.background = BackgroundRun()
-            self.background.start((self.settings, name, tags, None, self._params(run, job)))
+            self.background.start((self.settings, name, tags, None, params or {}))
         else:
             self.run_id = self.store.start_run(name, tags, parent)
             if self.run_id is not None:
@@ -90,15 +91,15 @@ class MlflowLogger:
 
     def _in_background(self, job: HydraJob | None) -> bool:
         """Whether a helper process logs this run (`mlflow.background`; see
-        framework/tracking/background.py). By default where it saves the most and changes
-        the least: a single run (a sweep's jobs find their parent run here), whose store may
-        fail softly (`fatal=true` must fail the run at its start), in a process that has not
-        imported mlflow yet (else the import is paid already, and only the store is left)."""
+        framework/tracking/background.py). Never with `fatal=true`, whose failing store must
+        fail the run at its start; by default, where it saves the most and changes the
+        least: a single run (a sweep's jobs find their parent run here), in a process that
+        has not imported mlflow yet (else the import is paid already, only the store left)."""
+        if self.store.fatal:
+            return False
         if self.background_setting is not None:
             return bool(self.background_setting)
-        return not (
-            self.store.fatal or (job is not None and job.multirun) or "mlflow" in sys.modules
-        )
+        return not ((job is not None and job.multirun) or "mlflow" in sys.modules)
 
     @hookimpl
     def on_step_end(self, stats: Any) -> None:
