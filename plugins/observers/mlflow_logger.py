@@ -16,7 +16,9 @@
 A store that is down or fails half way costs the run nothing: it finishes, writes its local
 results, and this observer prints `MLflow: not logged: <reason>` (`mlflow.fatal=true` makes
 that an error instead). It runs after the other observers (`trylast`), so the plots they draw
-are in the folder when it uploads it.
+are in the folder when it uploads it. A single run is logged by a helper process beside the
+engine (`mlflow.background`, framework/tracking/background.py): the same calls, in the same
+order (`finish_run`), off this process's path.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class MlflowLogger:
         if self._in_background(job):
             params = self.store.attempt("reading the config", lambda: self._params(run, job))
             self.background = BackgroundRun()
-            self.background.start((self.settings, name, tags, None, params or {}))
+            self.background.start((self.settings, name, tags, parent, params or {}))
         else:
             self.run_id = self.store.start_run(name, tags, parent)
             if self.run_id is not None:
