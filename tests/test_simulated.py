@@ -506,6 +506,49 @@ def test_bad_simulator_input_is_one_line(
     assert_refused(status, err, expected.format(tmp=tmp_path))
 
 
+ZEN3 = {"cpu": "AMD EPYC", "family": 25, "model_number": 1, "microarchitecture": "zen3"}
+ZEN4 = {"cpu": "AMD EPYC", "family": 25, "model_number": 17, "microarchitecture": "zen4"}
+XEON = {"cpu": "Intel Xeon", "family": 6, "model_number": 143, "microarchitecture": None}
+
+
+@pytest.mark.parametrize(
+    ("here", "shipped", "chosen"),
+    [
+        (ZEN3, ("zen3", "zen4"), "zen3"),  # one name, "AMD EPYC": the numbers decide
+        (ZEN4, ("zen3", "zen4"), "zen4"),
+        ({**ZEN4, "model_number": 97}, ("zen3", "zen4"), "zen4"),  # another Zen 4 model
+        (XEON, ("zen4",), "zen4"),  # the only one for this model x dtype, wherever measured
+        (XEON, ("zen3", "zen4"), None),  # several, none from here: the user names one
+    ],
+)
+def test_the_shipped_profile_is_the_one_measured_on_this_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: dict, shipped: tuple, chosen: str | None
+) -> None:
+    import framework.run.simulation as simulation
+    from framework.executors.simulated.cost import model_id
+
+    config = SimpleNamespace(
+        architectures=["LlamaForCausalLM"], num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, hidden_size=64, vocab_size=100,
+    )  # fmt: skip
+    machines = {"zen3": ZEN3, "zen4": ZEN4}
+    files = [(f"m-float32-{name}", model_id(config), machines[name]) for name in shipped]
+    files.append(("other-float32-here", "x", here))  # another model's, from here: never chosen
+    for stem, model, machine in files:
+        meta = {"model_id": model, "dtype": "float32", "machine": machine}
+        text = yaml.safe_dump({"format": FORMAT, "kind": "measured", "meta": meta})
+        (tmp_path / f"{stem}.yaml").write_text(text)
+    monkeypatch.setattr(simulation, "PROFILES", tmp_path)
+    monkeypatch.setattr(simulation, "cpu_info", lambda: {"cores": 2, "isa": {}, **here})
+    cfg = make_cfg("model=tiny", "executor=simulated")
+    shape = simulation.ModelShape(config, None)
+    if chosen is None:
+        with pytest.raises(ValueError, match=r"none was measured on this CPU \(Intel Xeon, fam"):
+            simulation.choose_profile(cfg, shape)
+    else:
+        assert Path(simulation.choose_profile(cfg, shape)).name == f"m-float32-{chosen}.yaml"
+
+
 def test_the_scale_experiment_runs_a_trace_slice(tmp_path: Path) -> None:
     from experiments.sim_scale import TRACES, main
 

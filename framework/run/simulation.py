@@ -25,6 +25,7 @@ from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 from framework.run.config import overlap_setting
+from framework.tracking.machine import cpu_info
 
 PROFILES = Path(__file__).resolve().parents[1] / "executors" / "simulated" / "profiles"
 
@@ -54,7 +55,8 @@ def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
 
 def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
     """`executor.profile` (a path, or the name of a shipped profile), else the one shipped
-    profile for this model x dtype: the one measured on this CPU when there are several."""
+    profile for this model x dtype: when there are several, the one measured on this CPU, else
+    the one measured on this CPU's microarchitecture."""
     name = cfg.executor.profile
     if name:
         for candidate in (Path(str(name)).expanduser(), PROFILES / name, PROFILES / f"{name}.yaml"):
@@ -71,16 +73,41 @@ def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
             f"{names}); measure one with `python -m experiments.calibrate` and set "
             f"executor.profile=PATH"
         )
-    from framework.tracking.tags import environment_tags
+    if len(matches) == 1:
+        return str(matches[0])
+    by_cpu = [p for p, m in shipped if p in matches and machine_fit(m.get("machine") or {}) == 2]
+    by_arch = [p for p, m in shipped if p in matches and machine_fit(m.get("machine") or {}) >= 1]
+    for here in (by_cpu, by_arch):
+        if len(here) == 1:
+            return str(here[0])
+    raise ValueError(
+        f"executor.profile: {len(matches)} shipped profiles fit {want} in {cfg.dtype} and "
+        f"none was measured on this CPU ({describe_cpu(cpu_info())}); name one: "
+        f"{', '.join(p.stem for p in matches)}"
+    )
 
-    cpu = environment_tags().get("machine.cpu")
-    here = [p for p, m in shipped if p in matches and (m.get("machine") or {}).get("cpu") == cpu]
-    if len(matches) > 1 and len(here) != 1:
-        raise ValueError(
-            f"executor.profile: {len(matches)} shipped profiles fit {want} in {cfg.dtype} and "
-            f"none was measured on this CPU; name one: {', '.join(p.stem for p in matches)}"
-        )
-    return str((here or matches)[0])
+
+def machine_fit(machine: dict[str, Any]) -> int:
+    """How closely a profile's `meta.machine` is this CPU: 2 the same CPU (name, family and
+    model numbers), 1 the same name and microarchitecture (another stepping or model of one
+    generation), 0 another. A VM's CPU often names only the brand ("AMD EPYC" is both a Zen 3
+    and a Zen 4 here), so the name alone cannot tell two shipped profiles apart."""
+    here = cpu_info()
+    if machine.get("cpu") != here["cpu"]:
+        return 0
+    if (machine.get("family"), machine.get("model_number")) == (
+        here["family"],
+        here["model_number"],
+    ):
+        return 2
+    arch = here["microarchitecture"]
+    return int(arch is not None and machine.get("microarchitecture") == arch)
+
+
+def describe_cpu(cpu: dict[str, Any]) -> str:
+    """`AMD EPYC, family 25 model 1 (zen3)`: the CPU as a profile's choice names it."""
+    arch = f" ({cpu['microarchitecture']})" if cpu["microarchitecture"] else ""
+    return f"{cpu['cpu']}, family {cpu['family']} model {cpu['model_number']}{arch}"
 
 
 def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape) -> None:
