@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from experiments.peers import plain_hf
 from framework.engine.counters import StepStats
 from framework.engine.request import RequestSpec
+from framework.executors.packed_linear import packable
 
 
 @dataclass
@@ -120,12 +121,12 @@ def memory_bandwidth(mb: int, repeats: int, device: torch.device) -> float:
 def matmul_rate(n: int, repeats: int, device: torch.device, dtype: torch.dtype) -> float:
     """GFLOP/s of an `n` x `n` matmul in `dtype` (2 n^3 FLOPs): the faster of PyTorch's stock
     matmul and, on a CPU with oneDNN, oneDNN's linear on a prepacked weight (the kernel the
-    engine may run, framework/executors/packed_linear.py), so the ceiling is the machine's,
-    not one library's."""
+    engine may run, framework/executors/packed_linear.py, where oneDNN has a path for the
+    dtype on this CPU), so the ceiling is the machine's, not one library's."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     s = best_time(lambda: a @ b, repeats, device)
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
+    if device.type == "cpu" and torch.backends.mkldnn.is_available() and packable(dtype):
         packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
         linear = torch.ops.mkldnn._linear_pointwise
         s = min(s, best_time(lambda: linear(a, packed, None, "none", [], ""), repeats, device))

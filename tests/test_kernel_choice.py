@@ -81,6 +81,23 @@ def test_linears_unavailable_off_cpu_dtypes() -> None:
     assert (choice.use, choice.how) == (False, "unavailable") and "float16" in choice.why
 
 
+def test_bf16_linears_stay_stock_where_onednn_has_no_bf16_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an AVX2-only CPU oneDNN refuses to pack a bf16 weight: even when packing is asked
+    for, the layers stay stock, the choice says why, and the model still runs."""
+    import framework.executors.packed_linear as pl
+
+    monkeypatch.setattr(pl, "bf16_packable", lambda: False)
+    model, _ = load_model("tiny", None, None, torch.bfloat16, CPU, TinySpec())
+    for value in ("auto", True):
+        choice = kc.choose_linears(model, value)
+        assert (choice.use, choice.how) == (False, "unavailable") and "AVX512-BW" in choice.why
+        assert not packed(model)
+    ids = torch.tensor([[1, 2, 3]])
+    assert model(input_ids=ids).logits.dtype == torch.bfloat16
+
+
 def test_decode_kernel_choice() -> None:
     off = kc.choose_decode_kernel(False, CPU, torch.float32, 4, 2, 16, 16)
     assert off == kc.Choice(False, "set", "")

@@ -112,6 +112,9 @@ def choose_linears(model: nn.Module, value: Any) -> Choice:
     if not can_pack(model):
         unpack_linears(model)
         param = next(model.parameters())
+        if param.device.type == "cpu" and param.dtype == torch.bfloat16:
+            why = "oneDNN's bfloat16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, not on this CPU"
+            return Choice(False, "unavailable", why)
         why = f"oneDNN packing is for CPU float32 / bfloat16 (this model: {param.device.type}, "
         return Choice(False, "unavailable", why + f"{param.dtype})")
     if want is not None:

@@ -27,14 +27,26 @@ PACKED = "_nanoserve_packed"  # attribute holding a layer's packed weight
 
 
 def can_pack(model: nn.Module) -> bool:
-    """oneDNN is in this torch build, and the model is float32 or bfloat16 on the CPU
-    (whether packing pays is measured, `framework.executors.kernel_choice`)."""
+    """oneDNN is in this torch build, and the model is float32 on the CPU, or bfloat16 on a
+    CPU that oneDNN's bf16 path runs on (whether packing pays is measured,
+    `framework.executors.kernel_choice`)."""
     param = next(model.parameters())
-    return (
-        torch.backends.mkldnn.is_available()
-        and param.device.type == "cpu"
-        and param.dtype in (torch.float32, torch.bfloat16)
-    )
+    if not torch.backends.mkldnn.is_available() or param.device.type != "cpu":
+        return False
+    return packable(param.dtype)
+
+
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of `dtype` on this CPU: float32 always, bfloat16 where its
+    bf16 path runs (`bf16_packable`)."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_packable())
+
+
+def bf16_packable() -> bool:
+    """Whether oneDNN packs and multiplies bfloat16 weights on this CPU: on x86 it needs
+    AVX512-BW/VL/DQ or AVX-NE-CONVERT. On an AVX2-only CPU (the project's Zen 3 VM) packing a
+    bf16 weight raises, while the stock bf16 Linear still runs."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 EXACT_ROWS = 32  # row counts served unpadded: every decode batch of up to 32 rows
