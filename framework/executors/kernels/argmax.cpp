@@ -7,7 +7,8 @@
 // reduction carries an index through every comparison. Here one vectorised pass finds the
 // row's largest value (and whether it holds a NaN), and a second pass over the same row, now
 // in L2, finds the first position equal to it, usually stopping part way.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -59,12 +60,12 @@ int64_t row_argmax(const float* x, int64_t n) {
 
 }  // namespace
 
-torch::Tensor greedy_argmax(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == torch::kFloat && logits.is_contiguous(),
+at::Tensor greedy_argmax(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
               "greedy argmax kernel: contiguous [rows, vocab] float32 logits only");
   TORCH_CHECK(logits.size(1) > 0, "greedy argmax kernel: an empty vocabulary");
   const int64_t rows = logits.size(0), n = logits.size(1);
-  auto out = torch::empty({rows}, logits.options().dtype(torch::kLong));
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
   const float* x = logits.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
@@ -75,5 +76,5 @@ torch::Tensor greedy_argmax(const torch::Tensor& logits) {
 
 TORCH_LIBRARY_FRAGMENT(nanoserve, m) {
   m.def("greedy_argmax(Tensor logits) -> Tensor");
-  m.impl("greedy_argmax", torch::kCPU, &greedy_argmax);
+  m.impl("greedy_argmax", c10::kCPU, &greedy_argmax);
 }

@@ -11,7 +11,8 @@
 // A bf16 cache is widened to fp32 eight values at a time as it is read (a bf16 value is the
 // top half of an fp32 one), so the queries, scores and probabilities stay fp32 and the cache is
 // read at half the bytes; the caller casts the output back.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -40,15 +41,15 @@ inline int64_t first_seen(int64_t len, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, len - window) : 0;
 }
 
-void check(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& table,
-           const torch::Tensor& lens) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat, "paged decode kernel: float32 queries only");
-  TORCH_CHECK(kv.scalar_type() == torch::kFloat || kv.scalar_type() == torch::kBFloat16,
+void check(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& table,
+           const at::Tensor& lens) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "paged decode kernel: float32 queries only");
+  TORCH_CHECK(kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16,
               "paged decode kernel: a float32 or bfloat16 cache only");
   TORCH_CHECK(q.is_contiguous() && kv.is_contiguous(), "paged decode kernel: contiguous only");
   TORCH_CHECK(kv.size(2) % 8 == 0, "paged decode kernel: head dim not a multiple of 8");
   TORCH_CHECK(q.size(1) % kv.size(1) == 0, "paged decode kernel: query heads / kv heads");
-  TORCH_CHECK(table.scalar_type() == torch::kLong && lens.scalar_type() == torch::kLong,
+  TORCH_CHECK(table.scalar_type() == at::kLong && lens.scalar_type() == at::kLong,
               "paged decode kernel: int64 block tables and lengths");
   TORCH_CHECK(table.is_contiguous() && lens.is_contiguous() && table.size(0) == q.size(0) &&
                   lens.size(0) == q.size(0),
@@ -103,8 +104,8 @@ inline void dot4(const float* qg, const KV* k0, int64_t stride, int64_t D, float
 // once for the (up to three) query heads that share its kv head, with one independent
 // multiply-add chain per (head, position) so the core never waits on an add's latency.
 template <typename KV>
-void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& k,
-                 const torch::Tensor& table, const torch::Tensor& lens, int64_t bs, double scale,
+void scores_into(at::Tensor& s, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& table, const at::Tensor& lens, int64_t bs, double scale,
                  int64_t window) {
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1);
   const int64_t G = Hq / Hkv, nb = table.size(1), W = nb * bs, stride = Hkv * D;
@@ -174,12 +175,12 @@ void scores_into(torch::Tensor& s, const torch::Tensor& q, const torch::Tensor& 
   });
 }
 
-torch::Tensor paged_scores(torch::Tensor q, torch::Tensor k, torch::Tensor table,
-                           torch::Tensor lens, int64_t bs, double scale, int64_t window) {
+at::Tensor paged_scores(at::Tensor q, at::Tensor k, at::Tensor table,
+                           at::Tensor lens, int64_t bs, double scale, int64_t window) {
   check(q, k, table, lens);
   TORCH_CHECK(q.size(2) == k.size(2), "paged decode kernel: query and key head dims differ");
-  auto s = torch::empty({q.size(0), q.size(1), table.size(1) * bs}, q.options());
-  if (k.scalar_type() == torch::kBFloat16)
+  auto s = at::empty({q.size(0), q.size(1), table.size(1) * bs}, q.options());
+  if (k.scalar_type() == at::kBFloat16)
     scores_into<at::BFloat16>(s, q, k, table, lens, bs, scale, window);
   else
     scores_into<float>(s, q, k, table, lens, bs, scale, window);
@@ -232,8 +233,8 @@ inline void mix_heads(float* O, const float* P, int64_t h, int64_t h_end, int64_
 // probs [B, Hq, nb * bs] (softmax of the scores) -> out [B, Hq, D] = probs . values.
 // One task per row; with fewer rows than threads, one per (row, kv head, chunk of outputs).
 template <typename KV>
-void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tensor& v,
-              const torch::Tensor& table, const torch::Tensor& lens, int64_t bs,
+void mix_into(at::Tensor& out, const at::Tensor& probs, const at::Tensor& v,
+              const at::Tensor& table, const at::Tensor& lens, int64_t bs,
               int64_t window) {
   const int64_t B = probs.size(0), Hq = probs.size(1), W = probs.size(2);
   const int64_t Hkv = v.size(1), D = v.size(2), G = Hq / Hkv, nb = table.size(1);
@@ -282,12 +283,12 @@ void mix_into(torch::Tensor& out, const torch::Tensor& probs, const torch::Tenso
   });
 }
 
-torch::Tensor paged_mix(torch::Tensor probs, torch::Tensor v, torch::Tensor table,
-                        torch::Tensor lens, int64_t bs, int64_t window) {
+at::Tensor paged_mix(at::Tensor probs, at::Tensor v, at::Tensor table,
+                        at::Tensor lens, int64_t bs, int64_t window) {
   check(probs, v, table, lens);
   // Every output is written (a row that sees no position gets zeros from its empty sum).
-  auto out = torch::empty({probs.size(0), probs.size(1), v.size(2)}, probs.options());
-  if (v.scalar_type() == torch::kBFloat16)
+  auto out = at::empty({probs.size(0), probs.size(1), v.size(2)}, probs.options());
+  if (v.scalar_type() == at::kBFloat16)
     mix_into<at::BFloat16>(out, probs, v, table, lens, bs, window);
   else
     mix_into<float>(out, probs, v, table, lens, bs, window);
