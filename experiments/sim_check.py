@@ -519,6 +519,9 @@ def rounds(
         r.sim, r.features = serve_sim(setup, r.case, r.specs, replay, speed, compute)
         if compute is not None:
             r.alts[SCALAR] = serve_sim(setup, r.case, r.specs, replay, speed)[0]
+            own = sim_speed("auto", r.slow)
+            own_compute = machine.compute_speed(own, statistics.median(r.prefill_slow))
+            r.alts[OWN] = serve_sim(setup, r.case, r.specs, replay, own, own_compute)[0]
         if speed != 1 or compute is not None:
             r.alts[SHIPPED] = serve_sim(setup, r.case, r.specs, replay)[0]
         tick(f"sim         {r.case.name:48s} {makespan(r.sim):8.3f} s")
@@ -527,6 +530,10 @@ def rounds(
 
 SCALAR = "the decode canary's speed alone (one scalar, executor.speed)"
 SHIPPED = "the profile as shipped (speed 1)"
+# The machine drifts within a check: around single runs the decode canary read -17% to +51%
+# of the profile's on the Zen 5 VM (docs/simulator-validation.md). The probes around each
+# case's own runs say how fast the machine was while that case ran.
+OWN = "each case's own probes (executor.speed and compute_speed from its runs alone)"
 
 
 def sim_speed(asked: str, slowdowns: list[float]) -> float:

@@ -61,6 +61,7 @@ def test_sim_check_runs_on_the_tiny_model(
     assert "- speed: executor.speed " in report
     assert "- prefill probe: 128-token prefill" in report
     assert f"The same real runs against {sim_check.SHIPPED}:" in report
+    assert f"The same real runs against {sim_check.OWN}:" in report
     columns, rows = rows_of(out / "sim_check.csv")
     assert columns == list(sim_check.COLUMNS)
     combos = sim_check.policy_combos(quick=True)

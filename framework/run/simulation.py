@@ -82,8 +82,9 @@ def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
             return str(here[0])
     raise ValueError(
         f"executor.profile: {len(matches)} shipped profiles fit {want} in {cfg.dtype} and "
-        f"none was measured on this CPU ({describe_cpu(cpu_info())}); name one: "
-        f"{', '.join(p.stem for p in matches)}"
+        f"none was measured on this CPU ({describe_cpu(cpu_info())}); name one "
+        f"({', '.join(p.stem for p in matches)}), or measure this CPU's with "
+        f"`python -m experiments.calibrate` and set executor.profile=PATH"
     )
 
 
