@@ -53,7 +53,7 @@ from framework.engine.readback import Readback
 from framework.executors.packed_linear import PACKED
 from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
-from framework.executors.simulated.profile import MeasuredProfile, Sample, fit_host
+from framework.executors.simulated.profile import LinearCost, MeasuredProfile, Sample, fit_host
 from framework.run.app import build_engine, check_before_loading, load, resolve_device
 from framework.tracking.machine import cpu_info
 from framework.tracking.tags import environment_tags
@@ -276,6 +276,9 @@ class Measured:
     foreign: float  # share of all CPUs that other processes used during the run
     attempts: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    # The machine's state around the run: the means of the probe pairs timed just before and
+    # just after it (a 1-row decode step, a 128-token prefill), seconds. None: not probed.
+    probes: tuple[float, float] | None = None
 
 
 def point_cfg(overrides: list[str], point: Point, block_size: int) -> DictConfig:
@@ -383,6 +386,7 @@ class Gate:
         # grid was measured, as a median, the statistic sim_check takes around real runs.
         self.grid_canaries: list[float] = []
         self.grid_prefills: list[float] = []
+        self.last: tuple[float, float] | None = None  # the latest pair of probes
 
     def probes(self) -> tuple[float, float]:
         """One canary run's median decode step and one prefill probe's step, seconds."""
@@ -391,6 +395,7 @@ class Gate:
         prefill = sum(s[1] for s in self.serve(PREFILL_CANARY).steps)
         self.best_canary = min(self.best_canary, decode)
         self.best_prefill = min(self.best_prefill, prefill)
+        self.last = (decode, prefill)
         return decode, prefill
 
     def canary(self, n: int = 3) -> float:
@@ -421,6 +426,9 @@ class Gate:
         self.waited_s += time.perf_counter() - t
 
     def measure(self, point: Point) -> Measured:
+        """The point's quietest run, with the probes around it (`Measured.probes`): the
+        pair before it and the pair `between_points` times after it."""
+        before = self.last
         best: Measured | None = None
         for attempt in range(1, self.tries + 1):
             got = self.serve(point)
@@ -432,6 +440,13 @@ class Gate:
             self.retries += 1
             self.wait()
         assert best is not None
+        self.between_points()
+        assert self.last is not None
+        if before is not None:
+            best.probes = (
+                (before[0] + self.last[0]) / 2,
+                (before[1] + self.last[1]) / 2,
+            )
         return best
 
 
@@ -552,11 +567,16 @@ def calibrate(
     max_wait_s: float = 60.0,
     wait_budget_s: float = 120.0,
     gated: bool = True,
+    drift: str = "probes",
     command: str = "",
     log: Callable[[str], None] = print,
 ) -> tuple[MeasuredProfile, list[Measured], DictConfig]:
     """Load the model, warm it, measure every grid point `passes` times (the second pass in
-    reverse order, so that a slow drift falls on every point alike), fit."""
+    reverse order, so that a slow drift falls on every point alike), fit. `drift="probes"`
+    fits each run's steps as the grid's median state would have run them (`at_reference`);
+    `"none"` fits the seconds as measured."""
+    if drift not in DRIFT:
+        raise ValueError(f"--drift={drift}: must be one of {', '.join(DRIFT)}")
     base = compose_cfg(overrides)
     if base.executor.name != "model":
         raise ValueError(f"executor={base.executor.name}: calibration measures the real model")
@@ -588,7 +608,6 @@ def calibrate(
     for i, p in enumerate(order, 1):
         got = gate.measure(p)
         runs.append(got)
-        gate.between_points()
         fwd = sum(s[1] for s in got.steps)
         log(
             f"[{i:2d}/{len(order)}] {p.name:16s} {'holdout' if p.holdout else 'fit':7s} "
@@ -599,7 +618,7 @@ def calibrate(
     paths = runs[0].extra
     canary_end = gate.canary()
     used = clean_runs(runs, gate) if gated else runs
-    samples = [Sample(f, fw, sm, m.point.name, prep) for m in used for f, fw, sm, prep in m.steps]
+    measured = [s for m in used for s in at_reference(m)]
     host_rows, host_s = [], []
     for m in used:
         if not m.point.holdout:
@@ -607,16 +626,34 @@ def calibrate(
                 host_rows.append(st.rows)
                 host_s.append(host_seconds(st, readback))
     meta = make_meta(base, model, device, grid, command, paths)
-    profile = MeasuredProfile.fit(
-        samples,
-        meta,
-        forward_terms=forward_terms(device, paths["linear"].startswith("onednn")),
-        sample_terms=SAMPLE_TERMS,
-        prepare_terms=PREPARE_TERMS,
-        holdout=[p.name for p in grid if p.holdout],
-        readback_s=readback,
-        host=fit_host(host_rows, host_s),
-    )
+
+    def fit(samples: list[Sample]) -> MeasuredProfile:
+        return MeasuredProfile.fit(
+            samples,
+            meta,
+            forward_terms=forward_terms(device, paths["linear"].startswith("onednn")),
+            sample_terms=SAMPLE_TERMS,
+            prepare_terms=PREPARE_TERMS,
+            holdout=[p.name for p in grid if p.holdout],
+            readback_s=readback,
+            host=fit_host(host_rows, host_s),
+        )
+
+    profile = fit(measured)
+    reference = (statistics.median(gate.grid_canaries), statistics.median(gate.grid_prefills))
+    spread = {"measured": pass_spread(used, measured)}
+    if drift == "probes":
+        # The first fit's shape splits each step into the seconds that go with memory
+        # bandwidth and those that go with arithmetic; each part is taken to the grid's
+        # median state by its own probe, and the profile is fitted again on the result.
+        steady = [s for m in used for s in at_reference(m, reference, profile.forward)]
+        spread["steadied"] = pass_spread(used, steady)
+        as_measured = profile.fit_report
+        profile = fit(steady)
+        for k in ("mape", "p90", "run_mape", "run_max"):
+            key = f"forward_holdout_{k}"
+            if key in as_measured:
+                profile.fit_report[f"measured_{key}"] = as_measured[key]
     held = [host_seconds(st, readback) for m in used if m.point.holdout for st in m.stats]
     pred = [profile.host.seconds(st.rows) for m in used if m.point.holdout for st in m.stats]
     if held:
@@ -625,6 +662,12 @@ def calibrate(
         )
     report = profile.fit_report
     report["passes"] = passes
+    report["drift"] = drift
+    # How far a point's two passes disagreed (summed forward seconds, the median over the
+    # points measured twice), as measured and as fitted: what the drift correction removed.
+    for k, v in spread.items():
+        if v is not None:
+            report[f"pass_spread_{k}"] = round(v, 5)
     report["others_cpu_share_mean"] = round(statistics.mean(m.foreign for m in runs), 4)
     # A 1-row decode step (the canary's median) before and after: the machine's drift.
     report["canary_start_s"] = round(canary_start, 5)
@@ -641,6 +684,56 @@ def calibrate(
     report["waited_s"] = round(gate.waited_s, 1)
     profile.fit_report["calibration_s"] = round(time.perf_counter() - t0, 1)
     return profile, runs, base
+
+
+# ---- the machine's drift -------------------------------------------------------------------
+DRIFT = ("probes", "none")
+
+
+def at_reference(
+    m: Measured,
+    reference: tuple[float, float] | None = None,
+    shape: LinearCost | None = None,
+) -> list[Sample]:
+    """A run's steps as samples to fit: as measured, or (given the grid's median probes and
+    a first fit's `shape`) as the machine would have run them in that median state.
+
+    A shared VM's speed wanders for minutes at a time, and not the same way for memory
+    bandwidth as for arithmetic. On the Zen 5 VM (2026-12-03) a point's two passes, minutes
+    apart, differed by -20% to +25% in summed forward seconds: the small decode points
+    measured first and last ran 10-25% slower in the second pass, the long prompts measured
+    in the middle 8-20% faster. So which point fell in which spell priced small prefills
+    against large ones, and every later simulation with them (docs/simulator-validation.md).
+    The run's probes (`Measured.probes`) say how slow the machine ran then: a step's
+    memory-bound seconds are divided by the decode probe's ratio to `reference`, its
+    compute-bound seconds (`LinearCost.split`) by the prefill probe's, as the simulator's
+    `executor.speed` and `executor.compute_speed` divide them; sampling by the decode
+    probe's."""
+    if reference is None or shape is None or m.probes is None:
+        return [Sample(f, fw, sm, m.point.name, prep) for f, fw, sm, prep in m.steps]
+    decode = m.probes[0] / reference[0]
+    compute = m.probes[1] / reference[1]
+    out = []
+    for f, fw, sm, prep in m.steps:
+        total, comp = shape.split(f)
+        share = comp / total if total > 0 else 0.0
+        slow = (1 - share) * decode + share * compute
+        out.append(Sample(f, fw / slow, sm / decode, m.point.name, prep))
+    return out
+
+
+def pass_spread(runs: list[Measured], samples: list[Sample]) -> float | None:
+    """The median over the points measured more than once of (max - min) / min of their
+    runs' summed forward seconds in `samples` (the runs' steps, in order); None when no point
+    was measured twice."""
+    sums: dict[str, list[float]] = {}
+    i = 0
+    for m in runs:
+        n = len(m.steps)
+        sums.setdefault(m.point.name, []).append(sum(s.forward_s for s in samples[i : i + n]))
+        i += n
+    spreads = [(max(v) - min(v)) / min(v) for v in sums.values() if len(v) > 1 and min(v) > 0]
+    return statistics.median(spreads) if spreads else None
 
 
 def clean_runs(runs: list[Measured], gate: Gate) -> list[Measured]:
@@ -668,7 +761,15 @@ def write_raw(path: Path, runs: Iterable[Measured]) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         names = list(StepFeatures.__dataclass_fields__)
-        head = ["point", "holdout", "run", "others_cpu", *names]
+        head = [
+            "point",
+            "holdout",
+            "run",
+            "others_cpu",
+            "probe_decode_s",
+            "probe_prefill_s",
+            *names,
+        ]
         w.writerow([*head, "forward_s", "sample_s", "prepare_s", "host_s", "transfers"])
         for i, m in enumerate(runs):
             for (feat, fw, sm, prep), st in zip(m.steps, m.stats, strict=True):
@@ -679,6 +780,7 @@ def write_raw(path: Path, runs: Iterable[Measured]) -> None:
                         m.point.holdout,
                         i,
                         round(m.foreign, 4),
+                        *(m.probes or ("", "")),
                         *feat.as_dict().values(),
                         fw,
                         sm,
@@ -708,6 +810,21 @@ def report(profile: MeasuredProfile) -> str:
                     f"{r[k + 'run_mape']:.1%} (max {r[k + 'run_max']:.1%}, median "
                     f"{r[k + 'run_bias']:+.1%})"
                 )
+    if "measured_forward_holdout_mape" in r:
+        lines.append(
+            f"  forward holdout, fitted as measured (--drift none): per step MAPE "
+            f"{r['measured_forward_holdout_mape']:.1%}; "
+            f"per run {r['measured_forward_holdout_run_mape']:.1%}"
+        )
+    if "pass_spread_measured" in r:
+        lines.append(
+            f"  a point's passes apart (median): {r['pass_spread_measured']:.1%} as measured"
+            + (
+                f", {r['pass_spread_steadied']:.1%} at the grid's median state (--drift probes)"
+                if "pass_spread_steadied" in r
+                else ""
+            )
+        )
     for name in ("host", "prepare"):
         if f"{name}_holdout_total_error" in r:
             lines.append(
@@ -827,6 +944,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=60.0,
         help="seconds to wait, before measuring a point again, for the machine to quieten (60)",
     )
+    ap.add_argument(
+        "--drift",
+        choices=DRIFT,
+        default="probes",
+        help="probes: fit each run's steps at the grid's median state, from the probes timed "
+        "around it (default); none: as measured",
+    )
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=, dtype=, device=, ...)")
     return ap.parse_args(argv)
 
@@ -846,6 +970,7 @@ def run(args: argparse.Namespace, command: str = "") -> tuple[MeasuredProfile, P
             max_wait_s=args.max_wait,
             wait_budget_s=args.wait_budget,
             gated=not args.ungated,
+            drift=args.drift,
             command=command,
         )
     finally:

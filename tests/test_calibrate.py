@@ -5,6 +5,7 @@ one error naming its field. (No measured time is asserted: that is the machine's
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -389,3 +390,46 @@ def test_a_cost_prices_a_step_as_its_terms_say(
     cost = LinearCost(intercept, per)
     assert cost.split(step) == (max(0.0, intercept + total), compute)
     assert cost.split(step) == cost.split(step)  # the second call reads the terms kept
+
+
+def test_the_probes_take_each_run_to_the_grids_median_state() -> None:
+    """A shared VM wanders: each run of a point ran in its own spell, slower in memory
+    bandwidth by one factor and in arithmetic by another, and the probes timed around it
+    read both (with a little noise of their own). Fitted as measured, the spells land in the
+    coefficients; fitted at the median state (`at_reference`, as `--drift probes` does),
+    the fit finds the machine's costs again and a point's two passes agree."""
+    rng = np.random.default_rng(6)
+    reference = (0.025, 0.110)  # the probes' medians over the grid, seconds
+    runs = []
+    for i in range(40):
+        steps = synthetic_steps(rng, 12)
+        for slow_memory, slow_compute in (rng.uniform(0.8, 1.4, size=2) for _ in range(2)):
+            timed = []
+            for f in steps:
+                total, compute = TRUE.split(f)
+                seconds = (total - compute) * slow_memory + compute * slow_compute
+                timed.append((f, seconds * rng.lognormal(0.0, 0.01), 1e-4 * slow_memory, 0.0))
+            probes = (
+                reference[0] * slow_memory * rng.lognormal(0.0, 0.01),
+                reference[1] * slow_compute * rng.lognormal(0.0, 0.01),
+            )
+            point = calibrate.Point(f"g{i}", (), (), 1, holdout=i < 8)
+            runs.append(calibrate.Measured(point, timed, [], 0.0, 0.0, probes=probes))
+    held = [f"g{i}" for i in range(8)]
+    terms = list(TRUE.per)
+    measured = [s for m in runs for s in calibrate.at_reference(m)]
+    first = MeasuredProfile.fit(measured, {}, forward_terms=terms, holdout=held)
+    steady = [s for m in runs for s in calibrate.at_reference(m, reference, first.forward)]
+    second = MeasuredProfile.fit(steady, {}, forward_terms=terms, holdout=held)
+    # Each step as the reference state runs it: the truth, to the probes' and steps' noise.
+    for s in steady[:50]:
+        assert s.forward_s == pytest.approx(TRUE.seconds(s.features), rel=0.06)
+    assert second.fit_report["forward_holdout_mape"] < 0.03
+    assert second.fit_report["forward_holdout_mape"] < first.fit_report["forward_holdout_mape"] / 3
+    spread_measured = calibrate.pass_spread(runs, measured)
+    spread_steady = calibrate.pass_spread(runs, steady)
+    assert spread_measured is not None and spread_steady is not None
+    assert spread_steady < 0.05 < spread_measured
+    # Without probes (a run the gate did not probe), a run's steps are kept as measured.
+    bare = dataclasses.replace(runs[0], probes=None)
+    assert calibrate.at_reference(bare, reference, first.forward) == calibrate.at_reference(bare)
