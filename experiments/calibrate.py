@@ -618,7 +618,7 @@ def calibrate(
     paths = runs[0].extra
     canary_end = gate.canary()
     used = clean_runs(runs, gate) if gated else runs
-    measured = [s for m in used for s in at_reference(m)]
+    measured = [at_reference(m) for m in used]  # each run's samples
     host_rows, host_s = [], []
     for m in used:
         if not m.point.holdout:
@@ -639,17 +639,17 @@ def calibrate(
             host=fit_host(host_rows, host_s),
         )
 
-    profile = fit(measured)
+    profile = fit([s for run in measured for s in run])
     reference = (statistics.median(gate.grid_canaries), statistics.median(gate.grid_prefills))
     spread = {"measured": pass_spread(used, measured)}
     if drift == "probes":
         # The first fit's shape splits each step into the seconds that go with memory
         # bandwidth and those that go with arithmetic; each part is taken to the grid's
         # median state by its own probe, and the profile is fitted again on the result.
-        steady = [s for m in used for s in at_reference(m, reference, profile.forward)]
+        steady = [at_reference(m, reference, profile.forward) for m in used]
         spread["steadied"] = pass_spread(used, steady)
         as_measured = profile.fit_report
-        profile = fit(steady)
+        profile = fit([s for run in steady for s in run])
         for k in ("mape", "p90", "run_mape", "run_max"):
             key = f"forward_holdout_{k}"
             if key in as_measured:
@@ -722,16 +722,13 @@ def at_reference(
     return out
 
 
-def pass_spread(runs: list[Measured], samples: list[Sample]) -> float | None:
+def pass_spread(runs: list[Measured], samples: list[list[Sample]]) -> float | None:
     """The median over the points measured more than once of (max - min) / min of their
-    runs' summed forward seconds in `samples` (the runs' steps, in order); None when no point
-    was measured twice."""
+    runs' summed forward seconds (`samples`: each run's, in the runs' order); None when no
+    point was measured twice."""
     sums: dict[str, list[float]] = {}
-    i = 0
-    for m in runs:
-        n = len(m.steps)
-        sums.setdefault(m.point.name, []).append(sum(s.forward_s for s in samples[i : i + n]))
-        i += n
+    for m, run in zip(runs, samples, strict=True):
+        sums.setdefault(m.point.name, []).append(sum(s.forward_s for s in run))
     spreads = [(max(v) - min(v)) / min(v) for v in sums.values() if len(v) > 1 and min(v) > 0]
     return statistics.median(spreads) if spreads else None
 

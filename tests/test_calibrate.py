@@ -205,6 +205,8 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
     assert loaded.prepare == profile.prepare
     # The real executor's preparation is timed on every step, and priced by the profile.
     assert all(float(r["prepare_s"]) > 0 for r in rows)
+    # Every run has the probes around it, which --drift probes (the default) fits by.
+    assert all(float(r["probe_decode_s"]) > 0 and float(r["probe_prefill_s"]) > 0 for r in rows)
     assert profile.prepare.seconds(StepFeatures(**{k: int(rows[0][k]) for k in NAMES})) > 0
 
     data = yaml.safe_load(out.read_text())
@@ -218,6 +220,7 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
         assert key in meta, key
     assert [g["name"] for g in meta["grid"]] == [p.name for p in grid]
     fit = data["fit"]
+    assert fit["drift"] == "probes" and "measured_forward_holdout_mape" in fit
     assert fit["holdout_points"] > 0 and fit["points"] > fit["holdout_points"]
     assert set(data["prepare"]["per"]) == set(calibrate.PREPARE_TERMS)
     for key in (
@@ -392,6 +395,10 @@ def test_a_cost_prices_a_step_as_its_terms_say(
     assert cost.split(step) == cost.split(step)  # the second call reads the terms kept
 
 
+def flat(runs: list[list[Sample]]) -> list[Sample]:
+    return [s for run in runs for s in run]
+
+
 def test_the_probes_take_each_run_to_the_grids_median_state() -> None:
     """A shared VM wanders: each run of a point ran in its own spell, slower in memory
     bandwidth by one factor and in arithmetic by another, and the probes timed around it
@@ -417,12 +424,12 @@ def test_the_probes_take_each_run_to_the_grids_median_state() -> None:
             runs.append(calibrate.Measured(point, timed, [], 0.0, 0.0, probes=probes))
     held = [f"g{i}" for i in range(8)]
     terms = list(TRUE.per)
-    measured = [s for m in runs for s in calibrate.at_reference(m)]
-    first = MeasuredProfile.fit(measured, {}, forward_terms=terms, holdout=held)
-    steady = [s for m in runs for s in calibrate.at_reference(m, reference, first.forward)]
-    second = MeasuredProfile.fit(steady, {}, forward_terms=terms, holdout=held)
+    measured = [calibrate.at_reference(m) for m in runs]
+    first = MeasuredProfile.fit(flat(measured), {}, forward_terms=terms, holdout=held)
+    steady = [calibrate.at_reference(m, reference, first.forward) for m in runs]
+    second = MeasuredProfile.fit(flat(steady), {}, forward_terms=terms, holdout=held)
     # Each step as the reference state runs it: the truth, to the probes' and steps' noise.
-    for s in steady[:50]:
+    for s in flat(steady)[:50]:
         assert s.forward_s == pytest.approx(TRUE.seconds(s.features), rel=0.06)
     assert second.fit_report["forward_holdout_mape"] < 0.03
     assert second.fit_report["forward_holdout_mape"] < first.fit_report["forward_holdout_mape"] / 3
