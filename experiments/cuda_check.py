@@ -62,7 +62,7 @@ def run_once(overrides: list[str], loaded: tuple[Any, ...], specs: list[Any]) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("cuda_check_out"))
+    ap.add_argument("--out", type=Path, default=Path("outputs/cuda_check"))
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()

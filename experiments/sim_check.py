@@ -46,10 +46,12 @@ TPOT / e2e p50 and p99 the real value (the median of the runs), the simulated on
 error and the real runs' own spread ((max - min) / median), with a verdict against the targets:
 `met` (within 5% for makespan, throughput and the p50s, 10% for the p99s), `within real spread`
 (outside the target but inside the spread), or `not met`; and the mean absolute percentage error
-of each request's e2e (against the real runs' median for that request). Where the seconds go
-(`sim_check_steps.csv` and the last table): each case's forward seconds by step kind (prefill,
-decode, mixed), sampling and host time, real against predicted, to say which steps a large error
-comes from.
+of each request's e2e (against the real runs' median for that request). Twins
+(`experiments/sim_twins.py`): closed-loop cases that took the same steps under other policies;
+their real medians differ by the machine's noise alone, which the report measures so. Where
+the seconds go (`sim_check_steps.csv` and the last table): each case's forward seconds by step
+kind (prefill, decode, mixed), sampling and host time, real against predicted, to say which
+steps a large error comes from.
 
 The profile is fitted on the calibration grid only (`experiments/calibrate.py`); a profile whose
 fitted grid holds a point shaped like a validation workload is named in the report. Writes
@@ -87,6 +89,8 @@ from experiments.benchmark import (
     straggler_specs,
 )
 from experiments.machine_probe import cpu_seconds
+from experiments.sim_twins import section as twins_section
+from experiments.sim_twins import twin_rows
 from framework.engine.counters import HOST_PHASES
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
@@ -917,6 +921,7 @@ def write(
     pairs: list[dict[str, Any]],
     header: dict[str, str],
     alts: dict[str, list[dict[str, Any]]] | None = None,
+    twins: list[dict[str, Any]] | None = None,
 ) -> tuple[Path, ...]:
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / "sim_check.csv", out / "sim_check.md", out / "sim_check_steps.csv")
@@ -929,6 +934,7 @@ def write(
     for label, alt in (alts or {}).items():
         lines += ["", f"The same real runs against {label}:", ""]
         lines += tallies(alt)
+    lines += ["", *twins_section(twins or [], rows, list(METRICS), NOT_MET)]
     counts = [
         {
             "case": r["case"],
@@ -993,8 +999,11 @@ def write(
     return paths
 
 
-def headline(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """The parent run's metrics: the tallies and each case's errors."""
+def headline(
+    rows: list[dict[str, Any]], twins: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
+    """The parent run's metrics: the tallies, each case's errors, and how far apart the
+    twins' real medians lie (the machine's noise in a median, `experiments/sim_twins.py`)."""
     closed = [r for r in rows if r["closed_loop"]]
     out: dict[str, float] = {
         "cases": len(rows),
@@ -1009,6 +1018,10 @@ def headline(rows: list[dict[str, Any]]) -> dict[str, float]:
         errs = [abs(r[f"{m}_error"]) for r in rows if r[f"{m}_error"] is not None]
         if errs:
             out[f"{m}_abs_error_max"] = max(errs)
+        gaps = [t[f"{m}_apart"] for t in twins or [] if t[f"{m}_apart"] is not None]
+        if gaps:
+            out[f"{m}_twins_apart_max"] = max(gaps)
+    out["twin_sets"] = len(twins or [])
     return out
 
 
@@ -1027,6 +1040,7 @@ def log_mlflow(
     files: Sequence[Path],
     rows: list[dict[str, Any]],
     header: dict[str, str],
+    twins: list[dict[str, Any]],
 ) -> None:
     """One parent run (`nanoserve.kind=sim_check`) with the tables, and a child per case with
     its numbers. A failing store costs nothing: the files are already written."""
@@ -1039,7 +1053,7 @@ def log_mlflow(
         params |= {f"{kind}.{k}": str(v) for k, v in vars(args).items()}
         params |= {f"{kind}.{re.sub(r'[^A-Za-z0-9_.-]+', '_', k)}": v for k, v in header.items()}
         store.log_params(parent, params)
-        store.log_summary(parent, headline(rows))
+        store.log_summary(parent, headline(rows, twins))
         store.log_files(parent, files)
         for row in rows:
             child_tags = tags | {"nanoserve.kind": f"{kind}_case", "sim_check.case": row["case"]}
@@ -1219,9 +1233,10 @@ def main(argv: list[str] | None = None) -> Path:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "wall time": f"{time.perf_counter() - t0:.1f} s",
     }
-    files = write(args.out, rows, steps, pairs, header, alts)
+    twins = twin_rows(runs, rows, list(METRICS))
+    files = write(args.out, rows, steps, pairs, header, alts, twins)
     print(files[1].read_text())
-    log_mlflow(cfg, args, files, rows, header)
+    log_mlflow(cfg, args, files, rows, header, twins)
     print(f"results in {args.out}")
     return args.out
 

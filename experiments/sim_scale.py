@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     parser.add_argument("--limit", type=int, default=None, help="requests per trace (all)")
-    parser.add_argument("--out", type=Path, default=Path("sim_scale"))
+    parser.add_argument("--out", type=Path, default=Path("outputs/sim_scale"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., executor.*)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

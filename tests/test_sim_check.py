@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import sim_check
+from experiments import sim_check, sim_twins
 from experiments.benchmark import DEFAULT_TRACE
 from framework.executors.simulated.cost import model_id
+from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import LinearCost, MeasuredProfile
 from framework.run.config import MlflowConfig
 from framework.tracking.store import TrackingStore
@@ -91,7 +92,8 @@ def test_sim_check_runs_on_the_tiny_model(
     closed = {r["case"]: int(r["steps_real"]) for r in rows if r["closed_loop"] == "True"}
     assert {c: sum(p["case"] == c for p in pairs) for c in closed} == closed  # one per step
     md = (out / "sim_check.md").read_text()
-    for section in ("## Targets", "## Counts", "## Times", "## Where the seconds go"):
+    sections = ("## Targets", "## Twins", "## Counts", "## Times", "## Where the seconds go")
+    for section in sections:
         assert section in md
     assert "machine: " in md and "commit: " in md and str(profile) in md
     assert "MLflow: logged run" in capsys.readouterr().out
@@ -116,3 +118,45 @@ def test_the_compute_speed_predicts_the_prefill_probe_as_measured() -> None:
     assert machine.compute_speed(1.0, 0.0) == pytest.approx(1.0)  # a quiet machine
     machine.prefill_predicted = (0.2, 0.0)  # nothing of the probe on compute
     assert machine.compute_speed(0.5, 0.5) is None
+
+
+def twin_case(
+    scheduler: str, allocator: str, features: list[StepFeatures], real: float, sim: float
+) -> tuple[sim_check.Runs, dict]:
+    """A case's runs (only what finding twins reads) and a report row with its makespan."""
+    case = sim_check.Case("azure_closed", (scheduler, allocator, "immediate"), True)
+    runs = sim_check.Runs(case, [], features=features)
+    row = {"case": case.name, "counts_equal": True, "makespan_real": real}
+    row |= {"makespan_sim": sim, "makespan_error": sim / real - 1}
+    row["makespan_verdict"] = sim_check.verdict(row["makespan_error"], 0.02, 0.05)
+    return runs, row
+
+
+def test_twins_are_the_cases_that_took_the_same_steps() -> None:
+    """Static batching under both allocators took the same two steps; continuous batching
+    other ones. The static twins' real medians lie 10% apart (1.9 and 2.1 around 2.0), so the
+    one simulation of their steps (2.1) misses the first by 10.5% and meets the second: that
+    miss is within the twins' distance apart, which the report says."""
+    a = StepFeatures(2, 20, 32, 2, 20, 200, 0, 0, 0)
+    b = StepFeatures(2, 2, 16, 0, 0, 0, 2, 22, 0)
+    cases = [
+        twin_case("continuous", "incremental", [a, b, b], 3.0, 3.0),
+        twin_case("static", "worst_case", [a, b], 1.9, 2.1),
+        twin_case("static", "incremental", [a, b], 2.1, 2.1),
+    ]
+    runs, rows = [r for r, _ in cases], [row for _, row in cases]
+    assert [row["makespan_verdict"] for row in rows] == ["met", "not met", "met"]
+    twins = sim_twins.twin_rows(runs, rows, ["makespan"])
+    assert [t["cases"] for t in twins] == [[rows[1]["case"], rows[2]["case"]]]
+    assert twins[0]["steps"] == 2
+    assert twins[0]["makespan_apart"] == pytest.approx(0.2 / 2.0)
+    assert twins[0]["makespan_error_max"] == pytest.approx(2.1 / 1.9 - 1)
+    assert sim_twins.misses_inside(twins, rows, ["makespan"], sim_check.NOT_MET) == (0, 1)
+    rows[2]["makespan_real"] = 2.4  # twins further apart than the miss
+    twins = sim_twins.twin_rows(runs, rows, ["makespan"])
+    assert sim_twins.misses_inside(twins, rows, ["makespan"], sim_check.NOT_MET) == (1, 1)
+    # Counts that differ from the simulation's, or another output policy: not twins.
+    rows[2]["counts_equal"] = False
+    assert sim_twins.twin_rows(runs, rows, ["makespan"]) == []
+    lines = sim_twins.section([], rows, ["makespan"], sim_check.NOT_MET)
+    assert lines[-1] == "No two cases took the same steps in this check."
