@@ -484,6 +484,14 @@ def test_measured_host_time_adds_the_real_executors_preparation(
             (f"executor.profile={H100}", "executor.any_profile=true", "executor.replay={tmp}/r"),
             "executor.replay lacks 7 request(s) of the workload, the first 'r1'",
         ),
+        (
+            (
+                f"executor.profile={H100}",
+                "executor.any_profile=true",
+                "executor.replay={tmp}/bad.yaml",
+            ),
+            "executor.replay={tmp}/bad.yaml, line 1: not a line of outputs.jsonl (needs id",
+        ),
         (("executor.host_time=guess",), "executor.host_time must be measured or model"),
         (("executor.speed=0",), "executor.speed must be > 0 (1: the profile's machine); got 0"),
         (("executor.compute_speed=-1",), "executor.compute_speed must be > 0, or null for"),

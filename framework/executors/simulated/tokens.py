@@ -41,7 +41,8 @@ def read_replay(path: str | Path) -> dict[str, list[int]]:
             out[str(rec["id"])] = [int(t) for t in rec["output_token_ids"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise ReplayError(
-                f"{path}:{n}: not a line of outputs.jsonl (needs id and output_token_ids): {exc}"
+                f"executor.replay={path}, line {n}: not a line of outputs.jsonl (needs id "
+                f"and output_token_ids): {exc}"
             ) from exc
     return out
 
