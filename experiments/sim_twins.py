@@ -5,9 +5,10 @@ worst-case or with incremental allocation, while the pool never runs dry; contin
 priority and sjf on a preset whose requests all wait from the start with one priority.
 Their simulations price the same steps; their real runs are the same work, measured at
 other moments of the check. How far apart the twins' real medians lie is therefore what the
-machine's own noise does to a median of `--repeats` runs, measured inside the check: a floor
-under any simulator's error on that machine, and the figure to read a verdict beside. On a
-quiet machine the twins agree, and a simulator's error stands out from them.
+machine's own noise does to a median of `--repeats` runs, measured inside the check. Half of
+it is a floor under any simulator's largest error among the twins on that machine, and the
+whole is the figure to read a verdict beside. On a quiet machine the twins agree, and a
+simulator's error stands out from them.
 
 The twins are found, not listed: cases of one workload under one output policy whose
 simulated steps carry the same features, step for step, and whose real runs counted what
