@@ -6,21 +6,28 @@ costs per step as the waiting queue grows.
         executor.profile=llama-8b-bfloat16-h100-sxm.analytic executor.any_profile=true
 
 Each trace is replayed whole (its real arrival times, `engine.max_num_seqs=128`) on the
-virtual clock, with the invariant checks off and then on. No model is loaded and nothing
-sleeps, so the wall time is the engine's own: building each step, the policies, the
-bookkeeping, and the cost model's prediction. Reported per run: simulated steps, requests
-and virtual makespan; the wall time of `engine.run`, steps/s and requests/s; and the wall
-seconds per step bucketed by the waiting queue's length (flat means the schedule does not
-grow with the backlog).
+virtual clock, with the invariant checks off and on, `--repeats` rounds (3) whose order
+alternates (off then on, on then off, ...): a shared machine's slow spells then fall on both
+sides alike, and what the checks cost is the median over rounds of the two runs' wall-time
+ratio within one round, not two numbers taken minutes apart (one pair of runs on the Zen 5
+VM read the checks 3% faster than none). No model is loaded and nothing sleeps, so the wall
+time is the engine's own: building each step, the policies, the bookkeeping, and the cost
+model's prediction. Reported per trace and setting: simulated steps, requests and virtual
+makespan; the median wall time of `engine.run`, steps/s (and their range over the rounds)
+and requests/s; the checks' cost; and the wall seconds per step bucketed by the waiting
+queue's length, over every round (flat means the schedule does not grow with the backlog).
+Every run's own row is in `sim_scale.csv`.
 
 The host time is `model` (the profile's per-step cost on the virtual clock), so the wall
-seconds measured here never feed back into the simulated schedule. Writes `sim_scale.csv`,
+seconds measured here never feed back into the simulated schedule: every round must count
+the same, which is checked. Writes `sim_scale.csv` (every run), `sim_scale_summary.csv`,
 `sim_scale_buckets.csv` and `sim_scale.md` into `--out`. Steps/s describe this machine only.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -69,9 +76,11 @@ class StepTimer:
         pass
 
 
-def buckets(timer: StepTimer, n: int = 8) -> list[dict[str, Any]]:
-    waiting = np.array([w for w, _ in timer.rows], dtype=float)
-    secs = np.array([s for _, s in timer.rows], dtype=float)
+def buckets(rows: list[tuple[int, float]], n: int = 8) -> list[dict[str, Any]]:
+    """Mean wall seconds per step in `n` equal bands of the waiting queue's length, from
+    (waiting, seconds) pairs: every step of every round of one trace and setting."""
+    waiting = np.array([w for w, _ in rows], dtype=float)
+    secs = np.array([s for _, s in rows], dtype=float)
     edges = np.linspace(0, max(waiting.max(), 1.0), n + 1)
     which = np.clip(np.searchsorted(edges, waiting, side="right") - 1, 0, n - 1)
     out = []
@@ -112,16 +121,55 @@ def run_one(cfg: Any, loaded: tuple[Any, ...], specs: list[Any]) -> tuple[dict[s
     return row, timer
 
 
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One trace and setting over its rounds: the counts (the same in every round: the
+    virtual clock does not see the wall), the median wall time and rates, the range."""
+    rates = [r["steps_per_s"] for r in runs]
+    first = runs[0]
+    keep = ("trace", "invariants", "requests", "finished", "rejected", "steps", "preemptions")
+    counted = [(*(r[k] for k in keep), r["simulated_makespan_s"]) for r in runs]
+    if len(set(counted)) > 1:
+        raise RuntimeError(f"the rounds of one setting counted differently: {counted}")
+    return {
+        **{k: first[k] for k in keep},
+        "simulated_makespan_s": first["simulated_makespan_s"],
+        "rounds": len(runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "steps_per_s": statistics.median(rates),
+        "steps_per_s_min": min(rates),
+        "steps_per_s_max": max(rates),
+        "requests_per_s": statistics.median(r["requests_per_s"] for r in runs),
+    }
+
+
+def checks_cost(runs: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """The invariant checks' cost on one trace: each round's wall time with them over
+    without them, less one; (the median over rounds, the smallest, the largest)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_round.setdefault(r["round"], {})[r["invariants"]] = r["wall_s"]
+    ratios = [w["on"] / w["off"] - 1 for w in by_round.values() if len(w) == 2 and w["off"]]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     parser.add_argument("--limit", type=int, default=None, help="requests per trace (all)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds of off and on, alternating (3)"
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/sim_scale"))
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., executor.*)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; got {args.repeats}")
     args.out.mkdir(parents=True, exist_ok=True)
     limit = "null" if args.limit is None else str(args.limit)
-    rows, bucket_rows = [], []
+    rows: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    bucket_rows: list[dict[str, Any]] = []
+    costs: list[str] = []
     loaded = None
     for trace in args.traces:
         path = TRACES[trace]
@@ -133,24 +181,40 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), loaded[1])
         built_s = time.perf_counter() - t0
-        for checks in (False, True):
-            cfg = compose_cfg([*over, f"engine.check_invariants={str(checks).lower()}"])
-            row, timer = run_one(cfg, loaded, specs)
-            row = {"trace": trace, "invariants": "on" if checks else "off", **row}
-            row["workload_build_s"] = built_s
-            rows.append(row)
-            bucket_rows += [
-                {"trace": trace, "invariants": row["invariants"], **b} for b in buckets(timer)
-            ]
-            print(
-                f"{trace} invariants {row['invariants']}: {row['steps']} steps, "
-                f"{row['requests']} requests in {row['wall_s']:.1f} s wall = "
-                f"{row['steps_per_s']:.0f} steps/s, {row['requests_per_s']:.0f} requests/s; "
-                f"simulated makespan {row['simulated_makespan_s']:.0f} s",
-                flush=True,
-            )
+        cfgs = {
+            checks: compose_cfg([*over, f"engine.check_invariants={checks}"])
+            for checks in ("false", "true")
+        }
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        steps: dict[str, list[tuple[int, float]]] = {"off": [], "on": []}
+        for k in range(args.repeats):
+            for checks in ("false", "true") if k % 2 == 0 else ("true", "false"):
+                row, timer = run_one(cfgs[checks], loaded, specs)
+                side = "on" if checks == "true" else "off"
+                row = {"trace": trace, "invariants": side, **row, "round": k + 1}
+                row["workload_build_s"] = built_s
+                runs[side].append(row)
+                steps[side] += timer.rows
+                print(
+                    f"{trace} invariants {side}, round {k + 1}/{args.repeats}: "
+                    f"{row['steps']} steps, {row['requests']} requests in {row['wall_s']:.1f} s "
+                    f"wall = {row['steps_per_s']:.0f} steps/s, {row['requests_per_s']:.0f} "
+                    f"requests/s; simulated makespan {row['simulated_makespan_s']:.0f} s",
+                    flush=True,
+                )
+        for side in ("off", "on"):
+            rows += runs[side]
+            summaries.append(summary(runs[side]))
+            bucket_rows += [{"trace": trace, "invariants": side, **b} for b in buckets(steps[side])]
+        mid, low, high = checks_cost(runs["off"] + runs["on"])
+        costs.append(
+            f"- {trace}: the invariant checks add {mid:+.1%} to the wall time (median of "
+            f"{args.repeats} rounds; {low:+.1%} to {high:+.1%})"
+        )
+        print(costs[-1][2:], flush=True)
     tags = environment_tags()
     write_csv(rows, list(rows[0]), args.out / "sim_scale.csv")
+    write_csv(summaries, list(summaries[0]), args.out / "sim_scale_summary.csv")
     write_csv(bucket_rows, list(bucket_rows[0]), args.out / "sim_scale_buckets.csv")
     text = [
         "# Simulated executor at trace scale",
@@ -158,6 +222,14 @@ def main(argv: list[str] | None = None) -> None:
         f"`python -m experiments.sim_scale {' '.join(argv if argv is not None else sys.argv[1:])}`"
         f" on {tags.get('machine.cpu')} ({tags.get('machine.cores')} cores), commit "
         f"{tags.get('git.commit', '?')[:10]}. Steps/s and wall seconds describe this machine.",
+        "",
+        f"Medians over {args.repeats} rounds (steps/s: the range beside):",
+        "",
+        markdown_table(summaries, list(summaries[0])),
+        "",
+        *costs,
+        "",
+        "Every run:",
         "",
         markdown_table(rows, list(rows[0])),
         "",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -558,16 +559,30 @@ def test_the_shipped_profile_is_the_one_measured_on_this_cpu(
         assert Path(simulation.choose_profile(cfg, shape)).name == f"m-float32-{chosen}.yaml"
 
 
-def test_the_scale_experiment_runs_a_trace_slice(tmp_path: Path) -> None:
+def test_the_scale_experiment_runs_a_trace_slice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from experiments.sim_scale import TRACES, main
 
     if not TRACES["conv"].is_file():
         pytest.skip("the Azure traces live in ../shared, absent here")
-    main(["--limit", "40", "--traces", "conv", "--out", str(tmp_path), "model=tiny",
-          f"executor.profile={H100}", "executor.any_profile=true"])  # fmt: skip
+    main(["--limit", "40", "--traces", "conv", "--repeats", "2", "--out", str(tmp_path),
+          "model=tiny", f"executor.profile={H100}", "executor.any_profile=true"])  # fmt: skip
     text = (tmp_path / "sim_scale.md").read_text()
     assert "| conv | off | 40 |" in text and "| conv | on | 40 |" in text
-    assert "steps_per_s" in (tmp_path / "sim_scale.csv").read_text()
+    assert "- conv: the invariant checks add " in text and "(median of 2 rounds; " in text
+    with (tmp_path / "sim_scale.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    # Two rounds, the order alternating; every round counts the same steps.
+    order = re.findall(r"conv invariants (o[nf]+), round (\d)/2", capsys.readouterr().out)
+    assert order == [("off", "1"), ("on", "1"), ("on", "2"), ("off", "2")]
+    assert [(r["round"], r["invariants"]) for r in runs] == [
+        ("1", "off"), ("2", "off"), ("1", "on"), ("2", "on")
+    ]  # fmt: skip
+    assert len({r["steps"] for r in runs}) == 1 and float(runs[0]["steps_per_s"]) > 0
+    with (tmp_path / "sim_scale_summary.csv").open() as f:
+        summary = list(csv.DictReader(f))
+    assert [(r["invariants"], r["rounds"]) for r in summary] == [("off", "2"), ("on", "2")]
 
 
 def test_sweeps_studies_plots_and_mlflow_work_under_the_simulator(
