@@ -82,8 +82,6 @@ def summary(profile: AnalyticProfile) -> list[dict[str, Any]]:
                 "sample_ms": e.sample_s * 1e3,
                 "bound": e.bound,
                 "tokens_per_s": tokens / total,
-                "gbytes": e.bytes / 1e9,
-                "tflop": e.flops / 1e12,
             }
         )
     return out
@@ -101,7 +99,9 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def make_profile(hardware: str, model: str, dtype: str) -> AnalyticProfile:
+def make_profile(
+    hardware: str, model: str, dtype: str, tensor_parallel: int = 1, interconnect: str = "dgx"
+) -> AnalyticProfile:
     """The profile, its meta filled in from the loaded config and this checkout."""
     from transformers import AutoConfig
 
@@ -121,9 +121,21 @@ def make_profile(hardware: str, model: str, dtype: str) -> AnalyticProfile:
         "date": datetime.date.today().isoformat(),
         "commit": git_commit(),
         "made_by": f"python -m experiments.analytic_profile --hardware {hardware} "
-        f"--model {model} --dtype {dtype}",
+        f"--model {model} --dtype {dtype}"
+        + (
+            f" --tensor-parallel {tensor_parallel} --interconnect {interconnect}"
+            if tensor_parallel > 1
+            else ""
+        ),
     }
-    return AnalyticProfile.build(spec, config.to_dict(), dtype, meta=meta)
+    return AnalyticProfile.build(
+        spec,
+        config.to_dict(),
+        dtype,
+        meta=meta,
+        tensor_parallel=tensor_parallel,
+        interconnect=interconnect,
+    )
 
 
 def write(profile: AnalyticProfile, out: Path) -> Path:
@@ -131,7 +143,7 @@ def write(profile: AnalyticProfile, out: Path) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        "# An ANALYTIC profile: a roofline estimate from a hardware spec and a model config,\n"
+        "# An ANALYTIC profile: a per-operator estimate from a hardware spec and a model config,\n"
         "# not a measurement (docs/simulator-analytic.md). Remade by meta.made_by.\n"
     )
     body = yaml.safe_dump(profile.to_dict(), sort_keys=False, width=100, allow_unicode=True)
@@ -144,6 +156,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hardware", required=True, help="a shipped spec's name or a spec file")
     ap.add_argument("--model", required=True, help="a folder with a config.json (or a hub id)")
     ap.add_argument("--dtype", default="bfloat16", help="float32, tfloat32, bfloat16, float16")
+    ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs a replica spans")
+    ap.add_argument("--interconnect", default="dgx", help="dgx or nvlink_pair (TP > 1)")
     ap.add_argument("--out", type=Path, default=None, help="the profile file to write")
     ap.add_argument(
         "--against",
@@ -186,20 +200,29 @@ def against(profile: AnalyticProfile, path: str) -> tuple[list[dict[str, Any]], 
     # The engine's host work per step, which decides what deferred output can hide behind
     # a GPU's forward (executor.overlap): the spec's guess against the measured fit.
     for label, host in (("host (analytic)", profile.host), ("host (measured)", measured.host)):
-        rows.append({"step": label, "per_step_us": 1e6 * host.per_step_s,
-                     "per_row_us": 1e6 * host.per_row_s})  # fmt: skip
+        rows.append(
+            {
+                "step": label,
+                "per_step_us": 1e6 * host.per_step_s,
+                "per_row_us": 1e6 * host.per_row_s,
+            }
+        )
     return rows, str(measured.meta.get("device", "?"))
 
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     try:
-        profile = make_profile(args.hardware, args.model, args.dtype)
+        profile = make_profile(
+            args.hardware, args.model, args.dtype, args.tensor_parallel, args.interconnect
+        )
     except ProfileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    tp = f"-tp{args.tensor_parallel}" if args.tensor_parallel > 1 else ""
     out = args.out or (
-        PROFILES_DIR / f"{profile.meta['model']}-{args.dtype}-{profile.hardware.id}.analytic.yaml"
+        PROFILES_DIR
+        / f"{profile.meta['model']}-{args.dtype}-{profile.hardware.id}{tp}.analytic.yaml"
     )
     write(profile, out)
     print(f"wrote {out} (kind: analytic, {profile.meta['model_id']}, {profile.hardware.name})")
@@ -208,7 +231,7 @@ def main(argv: list[str] | None = None) -> Path:
         print(
             f"  {row['step']:<13} forward {row['forward_ms']:8.3f} ms  sample "
             f"{row['sample_ms']:6.3f} ms  {row['bound']:<7} bound  "
-            f"{row['tokens_per_s']:10.0f} tok/s  {row['gbytes']:6.2f} GB  {row['tflop']:7.3f} TFLOP"
+            f"{row['tokens_per_s']:10.0f} tok/s"
         )
     if args.against:
         try:

@@ -116,6 +116,8 @@ def build_engine(
     policies = build_policies(cfg)
     e = cfg.engine
     layers, kv_heads, head_dim = model_dims(model)
+    if is_simulated(cfg):  # the pool is one GPU's: its shard of the KV heads (Megatron)
+        kv_heads = max(1, -(-kv_heads // int(cfg.executor.tensor_parallel)))
     per_block = bytes_per_block(layers, kv_heads, head_dim, e.block_size, dtype)
     num_blocks = (
         e.num_blocks if e.num_blocks is not None else blocks_in_budget(e.kv_memory_mb, per_block)

@@ -62,6 +62,14 @@ class ExecutorConfig:
     # engine's host work behind the forward) or they take turns (a CPU). auto: from the
     # profile (analytic, or measured on CUDA: true); true | false to ask what-if.
     overlap: Any = "auto"
+    # simulated, no executor.profile and none measured on this CPU for this model: the GPU
+    # whose analytic profile is computed from the run's model config (a shipped spec's
+    # name, or a spec file)
+    hardware: str = "h100-sxm"
+    # simulated, analytic: GPUs a replica spans (1, 2, 4, 8; Megatron tensor parallelism),
+    # joined by `interconnect` (dgx: NVSwitch inside an 8-GPU node; nvlink_pair)
+    tensor_parallel: int = 1
+    interconnect: str = "dgx"
 
 
 @dataclass
@@ -245,7 +253,16 @@ def check_executor(x: Any) -> None:
             f"executor.compute_speed must be > 0, or null for executor.speed; got {x.compute_speed}"
         )
     overlap = overlap_setting(x.overlap)
+    if x.tensor_parallel not in (1, 2, 4, 8):
+        raise ValueError(
+            f"executor.tensor_parallel must be 1, 2, 4 or 8; got {x.tensor_parallel!r}"
+        )
     if x.name == "model":
+        if x.tensor_parallel != 1:
+            raise ValueError(
+                "executor.tensor_parallel applies to executor=simulated with an analytic GPU "
+                "profile (this run uses the model, on one device)"
+            )
         if overlap is not None:
             raise ValueError(
                 "executor.overlap applies to executor=simulated (this run uses the model)"

@@ -1,13 +1,16 @@
 """Wiring for `executor=simulated`: the model's shape without its weights, the profile that
-prices each step (the one named, or the one shipped for this model x dtype), the token
-streams, and the virtual clock.
+prices each step, the token streams, and the virtual clock.
 
-A profile made for another model or dtype than the run's is refused, naming both, unless
-`executor.any_profile=true` says that is what the user wants.
+The profile is the one named (`executor.profile`); else one shipped for this model x dtype
+and measured on this CPU; else the analytic profile of the run's own model config on
+`executor.hardware` (an H100 by default), computed at start, so that a simulation starts on
+any machine for any model. A profile made for another model or dtype than the run's is
+refused, naming both, unless `executor.any_profile=true` says that is what the user wants.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.engine.clock import VirtualClock
+from framework.executors.simulated.analytic import (
+    AnalyticProfile,
+    HardwareSpec,
+    load_hardware_spec,
+)
+from framework.executors.simulated.analytic import (
+    ModelShape as AnalyticShape,
+)
 from framework.executors.simulated.cost import (
     CostModel,
     device_beside_host,
@@ -53,10 +64,11 @@ def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
-def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
-    """`executor.profile` (a path, or the name of a shipped profile), else the one shipped
-    profile for this model x dtype: when there are several, the one measured on this CPU, else
-    the one measured on this CPU's microarchitecture."""
+def choose_profile(cfg: DictConfig, shape: ModelShape) -> str | None:
+    """`executor.profile` (a path, or the name of a shipped profile), else the profile shipped
+    for this model x dtype and measured on this CPU (else on this CPU's microarchitecture);
+    None when there is none: the run then takes the analytic profile of its own model on
+    `executor.hardware` (`analytic_for`)."""
     name = cfg.executor.profile
     if name:
         for candidate in (Path(str(name)).expanduser(), PROFILES / name, PROFILES / f"{name}.yaml"):
@@ -64,28 +76,67 @@ def choose_profile(cfg: DictConfig, shape: ModelShape) -> str:
                 return str(candidate)
         return str(name)  # reported as missing, by name, when it is read
     want = model_id(shape.config)
-    shipped = shipped_profiles()
-    matches = [p for p, m in shipped if m.get("model_id") == want and m.get("dtype") == cfg.dtype]
-    if not matches:
-        names = ", ".join(p.stem for p, _ in shipped) or "none"
-        raise ValueError(
-            f"executor=simulated: no shipped profile for {want} in {cfg.dtype} (shipped: "
-            f"{names}); measure one with `python -m experiments.calibrate` and set "
-            f"executor.profile=PATH"
-        )
-    if len(matches) == 1:
-        return str(matches[0])
-    by_cpu = [p for p, m in shipped if p in matches and machine_fit(m.get("machine") or {}) == 2]
-    by_arch = [p for p, m in shipped if p in matches and machine_fit(m.get("machine") or {}) >= 1]
+    matches = [
+        (p, m)
+        for p, m in shipped_profiles()
+        if m.get("model_id") == want and m.get("dtype") == cfg.dtype and not m.get("analytic")
+    ]
+    by_cpu = [p for p, m in matches if machine_fit(m.get("machine") or {}) == 2]
+    by_arch = [p for p, m in matches if machine_fit(m.get("machine") or {}) >= 1]
     for here in (by_cpu, by_arch):
         if len(here) == 1:
             return str(here[0])
-    raise ValueError(
-        f"executor.profile: {len(matches)} shipped profiles fit {want} in {cfg.dtype} and "
-        f"none was measured on this CPU ({describe_cpu(cpu_info())}); name one "
-        f"({', '.join(p.stem for p in matches)}), or measure this CPU's with "
-        f"`python -m experiments.calibrate` and set executor.profile=PATH"
+    if len(by_arch) > 1:
+        raise ValueError(
+            f"executor.profile: {len(by_arch)} shipped profiles of {want} in {cfg.dtype} were "
+            f"measured on this CPU's microarchitecture ({describe_cpu(cpu_info())}); name one "
+            f"({', '.join(p.stem for p in by_arch)})"
+        )
+    return None
+
+
+def analytic_for(cfg: DictConfig, shape: ModelShape) -> AnalyticProfile:
+    """The analytic profile of the run's model config on `executor.hardware`, at the run's
+    dtype and tensor-parallel degree: what a simulation uses with no profile of its own."""
+    x = cfg.executor
+    spec = HardwareSpec.from_dict(
+        load_hardware_spec(x.hardware), where=f"executor.hardware={x.hardware}"
     )
+    config = (
+        shape.config.to_dict() if hasattr(shape.config, "to_dict") else dict(vars(shape.config))
+    )
+    try:
+        model = AnalyticShape.from_config(config)
+    except Exception as exc:
+        raise ValueError(
+            f"executor=simulated: no analytic profile for this model ({exc})"
+        ) from None
+    return AnalyticProfile(
+        hardware=spec,
+        shape=model,
+        dtype=str(cfg.dtype),
+        tensor_parallel=int(x.tensor_parallel),
+        interconnect=str(x.interconnect),
+        meta={"made_by": f"executor.hardware={x.hardware} (computed at start)"},
+    )
+
+
+def with_tensor_parallel(cfg: DictConfig, cost: CostModel, path: str) -> CostModel:
+    """The profile at `executor.tensor_parallel`: an analytic one re-priced for that many
+    GPUs; a measured one only at 1 (it timed one device)."""
+    x = cfg.executor
+    tp = int(x.tensor_parallel)
+    if not isinstance(cost, AnalyticProfile):
+        if tp != 1:
+            raise ValueError(
+                f"executor.tensor_parallel={tp} needs an analytic GPU profile; {path} was "
+                "measured on one device"
+            )
+        return cost
+    if cost.tensor_parallel == tp and (tp == 1 or cost.interconnect == str(x.interconnect)):
+        return cost
+    meta = {k: v for k, v in cost.meta.items() if k not in ("tensor_parallel", "interconnect")}
+    return AnalyticProfile(cost.hardware, cost.shape, cost.dtype, tp, str(x.interconnect), meta)
 
 
 def machine_fit(machine: dict[str, Any]) -> int:
@@ -128,9 +179,24 @@ def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape
 def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecutor, VirtualClock]:
     """The executor and the virtual clock of a simulated run."""
     path = choose_profile(cfg, shape)
-    cost = load_cost_model(path)
-    check_profile(cfg, cost, path, shape)
     x = cfg.executor
+    if path is None:
+        cost: CostModel = analytic_for(cfg, shape)
+        path = f"analytic:{cost.hardware.id}" + (
+            f"-tp{x.tensor_parallel}" if x.tensor_parallel > 1 else ""
+        )
+        print(
+            f"executor=simulated: no profile measured on this CPU for {model_id(shape.config)} "
+            f"in {cfg.dtype}; using the analytic profile of this model on "
+            f"{cost.hardware.name}"
+            + (f" x{x.tensor_parallel} ({x.interconnect})" if x.tensor_parallel > 1 else "")
+            + ": its seconds are an estimate for that GPU, not a measurement",
+            file=sys.stderr,
+        )
+    else:
+        cost = load_cost_model(path)
+        check_profile(cfg, cost, path, shape)
+        cost = with_tensor_parallel(cfg, cost, path)
     replay = read_replay(x.replay) if x.replay else None
     tokens = TokenStreams(
         shape.config.vocab_size, shape.eos_token_id, replay, float(x.mean_output_tokens)

@@ -1,22 +1,19 @@
-"""Analytic profiles: a roofline estimate of each step from a hardware spec and a model's
-config, for hardware that is not at hand (docs/simulator-analytic.md).
+"""Analytic profiles: each step of a model on a GPU that is not at hand, priced operator by
+operator from the GPU's datasheet and kernel fits (docs/simulator-analytic.md).
 
-A step of a dense decoder streams its weights once, reads the KV cache its rows attend over,
-and does about 2 FLOPs per weight per token. Its time is taken as a fixed overhead plus the
-larger of the memory time and the compute time, each at an achievable fraction of the
-datasheet peak:
+A step of a dense decoder runs, on each of its tensor-parallel GPUs, the embedding lookup;
+per layer two RMSNorms, the fused q,k,v projection, rotary, the KV write, attention (a
+prefill kernel over the prompts' queries and a decode kernel over the decode rows' context),
+the o projection, the gate-up projection, SiLU-and-multiply, the down projection, two
+residual adds and, under tensor parallelism, two all-reduces; then the final norm and the LM
+head for the sampled rows. Each is priced by its kernel family (`gpu.kernels`) at its own
+bytes and FLOPs, with efficiencies fitted to published per-operator GPU timings, so a small
+GEMM is priced as a weight stream and a large one as tiles of tensor-core work. Everything it
+predicts is labelled `kind: analytic` (and `meta.analytic: true`): an estimate for that GPU,
+checked against published tables (`experiments.gpu_check`), not a measurement.
 
-    forward_s = overhead + max(bytes / (bandwidth x bw_eff), flops / (peak[dtype] x mfu))
-
-That is all it knows: no kernel choice, no L2 cache, no overlap between steps, no tensor
-parallelism. It is right about which resource bounds a step and roughly how long a step of
-that shape takes; it is not a measurement, so everything it predicts is labelled
-`kind: analytic` (and `meta.analytic: true`).
-
-The model is Llama-shaped: embeddings, per layer q/k/v/o projections with grouped-query
-attention and a gated MLP (gate, up, down), two RMSNorms per layer, a final norm and an
-output head (the embedding itself when tied). Mixture-of-experts configs are refused: their
-weight traffic depends on routing, which a step's features do not carry.
+The model is Llama-shaped (grouped-query attention, a gated MLP). Mixture-of-experts configs
+are refused: their weight traffic depends on routing, which a step's features do not carry.
 """
 
 from __future__ import annotations
@@ -29,6 +26,8 @@ from typing import Any
 
 from framework.executors.simulated.cost import FORMAT, HostCost, ProfileError, StepCost, model_id
 from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.gpu.kernels import AllReduceFit, AttentionFit, KernelFits
+from framework.executors.simulated.gpu.shard import Device, Shard, layer_operators
 
 KIND = "analytic"
 HARDWARE_DIR = Path(__file__).resolve().parent / "hardware"
@@ -39,6 +38,7 @@ PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 # on the TF32 tensor cores (PyTorch's `allow_tf32`); plain `float32` uses the CUDA cores.
 DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_BYTES = 4  # logits are cast to fp32 before sampling (as vLLM and this engine do)
+TENSOR_PARALLEL = (1, 2, 4, 8)
 
 # A prompt's queries attend only to earlier keys: a causal kernel (FlashAttention) skips the
 # masked half of the square, so prefill attention FLOPs are counted at half of
@@ -53,22 +53,24 @@ RANDOM_EXTRA_PASSES = 3
 
 # The assumptions every analytic profile states in its meta (each spec adds its own).
 MODEL_ASSUMPTIONS = (
-    "step time = overhead + max(bytes / (bandwidth x bandwidth_efficiency), "
-    "flops / (peak_flops[dtype] x compute_efficiency)): one roofline per step, no overlap "
-    "between steps, no L2 cache reuse, one GPU (no tensor parallelism)",
-    "weights: every parameter but the input embedding is read once per step (the embedding "
-    "lookup reads one row per token); parameter count of a Llama-shaped model from its config",
-    "FLOPs: 2 x transformer-block parameters x tokens; output head 2 x hidden x vocab for "
-    "the sampled rows only (one per row); attention 4 x layers x heads x head_dim x "
-    "(decode context + 0.5 x prefill queries x context; the 0.5 is causal masking)",
-    "KV cache: layers x 2 x kv_heads x head_dim x dtype bytes per token; decode rows read "
-    "their whole context, prefill rows read their context once, every query token's K and V "
-    "are written once",
-    "activations: each matmul's input and output and the attention's q and output go to "
-    "memory once per token per layer (norms, activation and residual adds fused)",
-    "sampling: fp32 logits read once per row (argmax), three more times per random row, at "
-    "the effective bandwidth, plus a fixed cost per step (launches and the copy of the "
-    "sampled ids to the host)",
+    "per operator: each kernel of the step priced by its family (GEMM: weight stream or "
+    "tensor-core tiles in waves over the SMs; streaming ops: fixed cost + bytes at a fitted "
+    "fraction of the bandwidth), with the fractions fitted to published per-operator GPU times",
+    "a step = CUDA-graph launch + embedding + layers x (2 norms, qkv, rotary, KV write, "
+    "attention, o, gate-up, activation, down, 2 residual adds, 2 all-reduces under TP) + "
+    "final norm + LM head for the sampled rows; kernels run back to back (no overlap within "
+    "a step), and the device runs beside the host (executor.overlap)",
+    "attention: prefill FLOPs 4 x heads x head_dim x 0.5 x queries x context (causal) at a "
+    "published FlashAttention fraction of the peak; decode reads each row's whole context of "
+    "KV at a fraction of the bandwidth",
+    "tensor parallelism: Megatron's split (heads and MLP columns, KV heads per GPU, "
+    "replicated when fewer than GPUs), two all-reduces a layer of tokens x hidden, an "
+    "alpha-beta fit per worker count to published all-reduce times; the logits' gather "
+    "priced as an all-reduce of half their bytes",
+    "sampling: fp32 logits read once per row (argmax), three more times per random row, "
+    "plus a fixed cost per step (launches and the copy of the sampled ids to the host)",
+    "not modelled: FP8 or quantised weights, mixture-of-experts, pipeline parallelism, "
+    "speculative decoding; L2 reuse between kernels",
 )
 
 
@@ -99,23 +101,22 @@ def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One accelerator as its datasheet and a few stated assumptions describe it.
-
-    The peaks are dense (no 2:4 sparsity: a served model's weights are not sparse). The
-    efficiencies and overheads are assumptions, not datasheet numbers; each spec file says
-    where they come from.
-    """
+    """One accelerator: its datasheet peaks, its fitted kernel families, the attention
+    efficiencies taken from published kernels, and the all-reduce fit of each interconnect
+    it is sold in. The peaks are dense (no 2:4 sparsity: a served model's weights are not
+    sparse). Each spec file says where every number comes from."""
 
     id: str  # the spec file's stem, e.g. h100-sxm
     name: str  # the GPU as a person names it
     memory_bandwidth: float  # bytes/s, datasheet peak
     peak_flops: dict[str, float]  # FLOP/s per dtype, dense
-    bandwidth_efficiency: float  # achievable fraction of memory_bandwidth
-    compute_efficiency: float  # achievable fraction of peak_flops (MFU of a large GEMM)
+    sms: int  # streaming multiprocessors: how many GEMM tiles run at once
+    kernels: KernelFits
+    attention: AttentionFit
     step_overhead_s: float  # per step: graph launch, host-device sync
-    layer_overhead_s: float  # per layer per step: kernel launches and tails
     sample_overhead_s: float  # per step that samples
     host: HostCost  # the engine's own host work (scheduler, bookkeeping)
+    interconnects: dict[str, AllReduceFit] = field(default_factory=dict)
     memory_capacity: float | None = None  # bytes; informational
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
@@ -129,42 +130,40 @@ class HardwareSpec:
                 raise ProfileError(f"{where}.{key}: missing or not a string")
         peaks_in = _section(data, "peak_flops", where)
         peaks = {str(k): _number(peaks_in, k, f"{where}.peak_flops") for k in peaks_in}
-        eff = _section(data, "efficiency", where)
         overhead = _section(data, "overhead", where)
         sampling = data.get("sampling") or {}
         host = data.get("host") or {}
-        bw_eff = _number(eff, "bandwidth", f"{where}.efficiency")
-        mfu = _number(eff, "compute", f"{where}.efficiency")
-        for key, value in (("bandwidth", bw_eff), ("compute", mfu)):
-            if value > 1:
-                raise ProfileError(f"{where}.efficiency.{key}: a fraction of peak, <= 1")
+        sms = data.get("sms")
+        if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
+            raise ProfileError(f"{where}.sms: the GPU's streaming multiprocessors, an integer >= 1")
+        links_in = data.get("interconnects") or {}
+        if not isinstance(links_in, dict):
+            raise ProfileError(f"{where}.interconnects: not a mapping")
         capacity = data.get("memory_capacity")
+
+        def optional(section: dict[str, Any], key: str, name: str) -> float:
+            if key not in section:
+                return 0.0
+            return _number(section, key, f"{where}.{name}", positive=False)
+
         return cls(
             id=data["id"],
             name=data["name"],
             memory_bandwidth=_number(data, "memory_bandwidth", where),
             peak_flops=peaks,
-            bandwidth_efficiency=bw_eff,
-            compute_efficiency=mfu,
+            sms=sms,
+            kernels=KernelFits.from_dict(data.get("kernels"), f"{where}.kernels"),
+            attention=AttentionFit.from_dict(data.get("attention"), f"{where}.attention"),
             step_overhead_s=_number(overhead, "per_step_s", f"{where}.overhead", positive=False),
-            layer_overhead_s=_number(overhead, "per_layer_s", f"{where}.overhead", positive=False),
-            sample_overhead_s=(
-                _number(sampling, "per_step_s", f"{where}.sampling", positive=False)
-                if "per_step_s" in sampling
-                else 0.0
-            ),
+            sample_overhead_s=optional(sampling, "per_step_s", "sampling"),
             host=HostCost(
-                per_step_s=(
-                    _number(host, "per_step_s", f"{where}.host", positive=False)
-                    if "per_step_s" in host
-                    else 0.0
-                ),
-                per_row_s=(
-                    _number(host, "per_row_s", f"{where}.host", positive=False)
-                    if "per_row_s" in host
-                    else 0.0
-                ),
+                per_step_s=optional(host, "per_step_s", "host"),
+                per_row_s=optional(host, "per_row_s", "host"),
             ),
+            interconnects={
+                str(k): AllReduceFit.from_dict(v, f"{where}.interconnects.{k}")
+                for k, v in links_in.items()
+            },
             memory_capacity=(None if capacity is None else _number(data, "memory_capacity", where)),
             sources=tuple(str(s) for s in data.get("sources") or ()),
             assumptions=tuple(str(s) for s in data.get("assumptions") or ()),
@@ -176,13 +175,13 @@ class HardwareSpec:
             "name": self.name,
             "memory_bandwidth": self.memory_bandwidth,
             "peak_flops": dict(self.peak_flops),
-            "efficiency": {
-                "bandwidth": self.bandwidth_efficiency,
-                "compute": self.compute_efficiency,
-            },
-            "overhead": {"per_step_s": self.step_overhead_s, "per_layer_s": self.layer_overhead_s},
+            "sms": self.sms,
+            "overhead": {"per_step_s": self.step_overhead_s},
             "sampling": {"per_step_s": self.sample_overhead_s},
             "host": {"per_step_s": self.host.per_step_s, "per_row_s": self.host.per_row_s},
+            "attention": self.attention.to_dict(),
+            "kernels": self.kernels.to_dict(),
+            "interconnects": {k: v.to_dict() for k, v in self.interconnects.items()},
         }
         if self.memory_capacity is not None:
             out["memory_capacity"] = self.memory_capacity
@@ -190,17 +189,16 @@ class HardwareSpec:
         out["assumptions"] = list(self.assumptions)
         return out
 
-    @property
-    def effective_bandwidth(self) -> float:
-        return self.memory_bandwidth * self.bandwidth_efficiency
-
-    def effective_flops(self, dtype: str) -> float:
+    def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
             raise ProfileError(
                 f"hardware {self.id}: no peak_flops for dtype {dtype} "
                 f"(has {', '.join(sorted(self.peak_flops))})"
             )
-        return self.peak_flops[dtype] * self.compute_efficiency
+        return self.peak_flops[dtype]
+
+    def device(self, dtype: str) -> Device:
+        return Device(self.memory_bandwidth, self.peak(dtype), self.sms, DTYPE_BYTES[dtype])
 
 
 # The config fields the model needs, with Hugging Face's defaults where it has one.
@@ -342,60 +340,47 @@ class ModelShape:
         return self.embedding_params + self.block_params + head
 
     @property
-    def weight_params_read(self) -> int:
-        """The parameters a step streams whole: the blocks and the output head (the input
-        embedding is only looked up, one row per token, unless it is the head)."""
-        return self.block_params + self.embedding_params
-
-    @property
     def kv_elements_per_token(self) -> int:
         return self.num_hidden_layers * 2 * self.kv_dim
 
-    @property
-    def activation_elements_per_token(self) -> int:
-        """Per token, all layers: each matmul's input and output (qkv, o, gate-up, down) and
-        the attention's q and output, once each."""
-        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
-        qkv = h + q + 2 * kv
-        attn = 2 * q
-        o = q + h
-        gate_up = h + 2 * i
-        down = i + h
-        return self.num_hidden_layers * (qkv + attn + o + gate_up + down)
+    def shard(self, tp: int = 1) -> Shard:
+        """One of `tp` GPUs' share (Megatron's split)."""
+        return Shard(
+            hidden=self.hidden_size,
+            intermediate=self.intermediate_size,
+            heads=self.num_attention_heads,
+            kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab=self.vocab_size,
+            gated=True,
+            tp=tp,
+        )
 
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """One step's roofline terms: what `predict` takes the max of, and why."""
+    """One step's seconds on one GPU, by operator (summed over the layers), and why."""
 
-    weight_bytes: float
-    kv_read_bytes: float
-    kv_write_bytes: float
-    activation_bytes: float
-    flops: float
-    memory_s: float
-    compute_s: float
-    overhead_s: float
+    ops: dict[str, float]  # seconds per operator for the whole step
+    compute_s: float  # of forward_s, the seconds of compute-bound kernels
     forward_s: float
     sample_s: float
 
     @property
-    def bytes(self) -> float:
-        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.activation_bytes
-
-    @property
     def bound(self) -> str:
-        return "memory" if self.memory_s >= self.compute_s else "compute"
+        return "compute" if 2 * self.compute_s > self.forward_s else "memory"
 
 
 @dataclass
 class AnalyticProfile:
-    """A `CostModel` that predicts each step from the roofline of `hardware` for `shape`
-    in `dtype`."""
+    """A `CostModel` that prices each step on `hardware` for `shape` in `dtype`, operator by
+    operator, on each of `tensor_parallel` GPUs joined by `interconnect`."""
 
     hardware: HardwareSpec
     shape: ModelShape
     dtype: str
+    tensor_parallel: int = 1
+    interconnect: str = "dgx"
     meta: dict[str, Any] = field(default_factory=dict)
     kind: str = KIND
     host: HostCost = field(init=False)  # the spec's: the CostModel protocol reads it here
@@ -405,19 +390,38 @@ class AnalyticProfile:
             raise ProfileError(
                 f"dtype: {self.dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}"
             )
-        self.hardware.effective_flops(self.dtype)  # refuses a dtype the spec has no peak for
+        self.device = self.hardware.device(self.dtype)  # refuses a dtype with no peak
+        tp = self.tensor_parallel
+        if tp not in TENSOR_PARALLEL:
+            raise ProfileError(
+                f"executor.tensor_parallel must be one of {', '.join(map(str, TENSOR_PARALLEL))}; "
+                f"got {tp}"
+            )
+        try:
+            self.shard = self.shape.shard(tp)
+        except ValueError as exc:
+            raise ProfileError(str(exc)) from None
+        self.link: AllReduceFit | None = None
+        if tp > 1:
+            links = self.hardware.interconnects
+            if self.interconnect not in links:
+                have = ", ".join(sorted(links)) or "none"
+                raise ProfileError(
+                    f"executor.interconnect={self.interconnect}: {self.hardware.id} has "
+                    f"all-reduce fits for {have}"
+                )
+            self.link = links[self.interconnect]
+            self.link.seconds(1.0, tp)  # refuses a worker count the fit has no times for
         self.host = self.hardware.host
         base = self.base_meta()
-        if "model_id" in self.meta and self.meta["model_id"] != base["model_id"]:
-            raise ProfileError(
-                f"meta.model_id: {self.meta['model_id']} does not match model_config "
-                f"({base['model_id']})"
-            )
-        if "dtype" in self.meta and self.meta["dtype"] != self.dtype:
-            raise ProfileError(
-                f"meta.dtype: {self.meta['dtype']} does not match dtype {self.dtype}"
-            )
+        for key in ("model_id", "dtype", "tensor_parallel"):
+            if key in self.meta and self.meta[key] != base[key]:
+                raise ProfileError(
+                    f"meta.{key}: {self.meta[key]} does not match the profile's {base[key]}"
+                )
         self.meta = {**base, **self.meta, "analytic": True}
+        self._dense: dict[int, tuple[float, float]] = {}
+        self._head: dict[int, tuple[float, float]] = {}
 
     def base_meta(self) -> dict[str, Any]:
         """What the profile's own fields say about it: enough to label any result."""
@@ -426,6 +430,9 @@ class AnalyticProfile:
             "dtype": self.dtype,
             "device": self.hardware.name,
             "hardware": self.hardware.id,
+            "tensor_parallel": self.tensor_parallel,
+            "interconnect": self.interconnect if self.tensor_parallel > 1 else None,
+            "cost_model": "per-operator",
             "analytic": True,
             "assumptions": list(MODEL_ASSUMPTIONS) + list(self.hardware.assumptions),
             "sources": list(self.hardware.sources),
@@ -438,6 +445,8 @@ class AnalyticProfile:
         model_config: dict[str, Any],
         dtype: str,
         meta: dict[str, Any] | None = None,
+        tensor_parallel: int = 1,
+        interconnect: str = "dgx",
     ) -> AnalyticProfile:
         """From a spec file's contents and a Hugging Face config dict (`config.to_dict()` or
         a config.json read as JSON)."""
@@ -445,6 +454,8 @@ class AnalyticProfile:
             hardware=HardwareSpec.from_dict(hardware_spec),
             shape=ModelShape.from_config(model_config),
             dtype=dtype,
+            tensor_parallel=tensor_parallel,
+            interconnect=interconnect,
             meta=dict(meta or {}),
         )
 
@@ -461,11 +472,14 @@ class AnalyticProfile:
         dtype = data.get("dtype", meta.get("dtype"))
         if not isinstance(dtype, str):
             raise ProfileError(f"{where}: dtype missing")
+        parallel = data.get("parallel") or {}
         try:
             profile = cls(
                 hardware=HardwareSpec.from_dict(_section(data, "hardware", "profile")),
                 shape=ModelShape.from_config(_section(data, "model_config", "profile")),
                 dtype=dtype,
+                tensor_parallel=int(parallel.get("tensor", 1)),
+                interconnect=str(parallel.get("interconnect", "dgx")),
                 meta={k: v for k, v in meta.items() if k != "source"},
             )
         except ProfileError as exc:
@@ -481,61 +495,112 @@ class AnalyticProfile:
             "kind": self.kind,
             "meta": {k: v for k, v in self.meta.items() if k != "source"},
             "dtype": self.dtype,
+            "parallel": {"tensor": self.tensor_parallel, "interconnect": self.interconnect},
             "hardware": self.hardware.to_dict(),
             "model_config": self.shape.to_dict(),
         }
 
     # The model.
-    def estimate(self, f: StepFeatures) -> StepEstimate:
-        """The roofline terms of one step (see the module docstring and MODEL_ASSUMPTIONS)."""
-        if f.rows == 0 and f.num_tokens == 0:
-            return StepEstimate(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        s, hw = self.shape, self.hardware
-        b = DTYPE_BYTES[self.dtype]
-        tokens = f.num_tokens
-        weights = b * (s.weight_params_read + tokens * s.hidden_size)
-        # Each prefill row reads its context once. The features carry the sum of
-        # queries x context, not of context; for rows of equal query length (and for one
-        # prompt) attn x rows / tokens is that sum exactly.
-        prefill_ctx = f.prefill_attn * f.prefill_rows / f.prefill_tokens if f.prefill_tokens else 0
-        kv_token = b * s.kv_elements_per_token
-        kv_read = kv_token * (f.decode_ctx + prefill_ctx)
-        kv_write = kv_token * tokens
-        activations = b * s.activation_elements_per_token * tokens
-        attn_pairs = f.decode_ctx + CAUSAL_FRACTION * f.prefill_attn
-        flops = (
-            2 * s.block_params * tokens
-            + 2 * s.hidden_size * s.vocab_size * f.rows
-            + 4 * s.num_hidden_layers * s.q_dim * attn_pairs
+    def all_reduce_s(self, nbytes: float) -> float:
+        return self.link.seconds(nbytes, self.tensor_parallel) if self.link else 0.0
+
+    def dense_ops(self, tokens: int) -> dict[str, float]:
+        """The step's seconds by operator that depend on its token count alone: the layers'
+        projections and streaming ops, their all-reduces, the embedding and the final norm."""
+        s, L = self.shard, self.shape.num_hidden_layers
+        one = layer_operators(s, tokens, self.hardware.kernels, self.device)
+        b = self.device.dtype_bytes
+        kv_write = self.hardware.kernels.stream["add"].seconds(
+            2 * tokens * s.kv_bytes_per_token_layer(b), self.device.bandwidth
         )
-        memory_s = (weights + kv_read + kv_write + activations) / hw.effective_bandwidth
-        compute_s = flops / hw.effective_flops(self.dtype)
-        overhead = hw.step_overhead_s + hw.layer_overhead_s * s.num_hidden_layers
-        logit_reads = (
-            LOGIT_BYTES
-            * s.vocab_size
-            * (GREEDY_PASSES * f.rows + RANDOM_EXTRA_PASSES * f.random_rows)
-        )
-        sample = (hw.sample_overhead_s + logit_reads / hw.effective_bandwidth) if f.rows else 0.0
-        return StepEstimate(
-            weight_bytes=weights,
-            kv_read_bytes=kv_read,
-            kv_write_bytes=kv_write,
-            activation_bytes=activations,
-            flops=flops,
-            memory_s=memory_s,
-            compute_s=compute_s,
-            overhead_s=overhead,
-            forward_s=overhead + max(memory_s, compute_s),
-            sample_s=sample,
+        ops = {op: L * t for op, t in one.items() if op != "emb"}
+        ops["add"] *= 2  # two residual adds a layer; the table times one
+        ops["kv_write"] = L * kv_write
+        ops["all_reduce"] = L * 2 * self.all_reduce_s(tokens * s.hidden * b)
+        ops["emb"] = one["emb"]
+        ops["final_norm"] = one["input_layernorm"]
+        return ops
+
+    def _dense_cost(self, tokens: int) -> tuple[float, float]:
+        """(seconds, compute-bound seconds) of `dense_ops`, remembered by token count: a
+        replay meets the same few hundred counts millions of times."""
+        hit = self._dense.get(tokens)
+        if hit is None:
+            ops = self.dense_ops(tokens)
+            gemm = sum(ops[op] for op in ("attn_pre_proj", "attn_post_proj",
+                                          "mlp_up_proj", "mlp_down_proj"))  # fmt: skip
+            hit = self._dense[tokens] = (
+                sum(ops.values()),
+                gemm if self._compute_bound(tokens) else 0.0,
+            )
+        return hit
+
+    def _compute_bound(self, m: int) -> bool:
+        """Whether a GEMM of `m` rows through the gate-up weights is past the ridge."""
+        s, dev = self.shard, self.device
+        k, n, b = s.hidden, s.up_out, dev.dtype_bytes
+        memory = b * (m * k + k * n + m * n) / dev.bandwidth
+        return 2 * m * n * k / dev.peak > memory
+
+    def _head_cost(self, rows: int) -> tuple[float, float]:
+        """(seconds, of them the logits' gather) of the LM head over the sampled rows."""
+        hit = self._head.get(rows)
+        if hit is None:
+            s, dev = self.shard, self.device
+            vocab_shard = math.ceil(s.vocab / self.tensor_parallel)
+            head = self.hardware.kernels.gemm.seconds(
+                rows, vocab_shard, s.hidden, dev.dtype_bytes, dev.bandwidth, dev.peak, dev.sms
+            )
+            gather = self.all_reduce_s(rows * s.vocab * dev.dtype_bytes / 2)
+            hit = self._head[rows] = (head + gather, gather)
+        return hit
+
+    def attention_s(self, f: StepFeatures) -> tuple[float, float]:
+        """(prefill, decode) attention seconds over all layers."""
+        s, dev, att = self.shard, self.device, self.hardware.attention
+        L = self.shape.num_hidden_layers
+        prefill = decode = 0.0
+        if f.prefill_attn:
+            flops = 4 * s.heads_shard * s.head_dim * CAUSAL_FRACTION * f.prefill_attn
+            prefill = L * (att.fixed_s + flops / (dev.peak * att.prefill))
+        if f.decode_ctx:
+            nbytes = f.decode_ctx * s.kv_bytes_per_token_layer(dev.dtype_bytes)
+            decode = L * (att.fixed_s + nbytes / (dev.bandwidth * att.decode))
+        return prefill, decode
+
+    def sample_s(self, f: StepFeatures) -> float:
+        if not f.rows:
+            return 0.0
+        passes = GREEDY_PASSES * f.rows + RANDOM_EXTRA_PASSES * f.random_rows
+        stream = self.hardware.kernels.stream["add"]
+        return self.hardware.sample_overhead_s + stream.seconds(
+            LOGIT_BYTES * self.shape.vocab_size * passes, self.device.bandwidth
         )
 
+    def estimate(self, f: StepFeatures) -> StepEstimate:
+        """The step's seconds by operator (see the module docstring and MODEL_ASSUMPTIONS)."""
+        if f.rows == 0 and f.num_tokens == 0:
+            return StepEstimate({}, 0.0, 0.0, 0.0)
+        ops = self.dense_ops(f.num_tokens)
+        prefill, decode = self.attention_s(f)
+        head, gather = self._head_cost(f.rows)
+        ops.update(attention_prefill=prefill, attention_decode=decode,
+                   lm_head=head - gather, logits_gather=gather)  # fmt: skip
+        ops["all_reduce"] += gather
+        del ops["logits_gather"]
+        _, compute = self._dense_cost(f.num_tokens)
+        forward = self.hardware.step_overhead_s + sum(ops.values())
+        return StepEstimate(ops, compute + prefill, forward, self.sample_s(f))
+
     def predict(self, features: StepFeatures) -> StepCost:
-        e = self.estimate(features)
-        # A compute-bound step's roofline term is its FLOPs' time; a memory-bound one's is
-        # all bandwidth (`executor.compute_speed` then leaves it alone).
-        compute = e.compute_s if e.compute_s > e.memory_s else 0.0
-        return StepCost(forward_s=e.forward_s, sample_s=e.sample_s, compute_s=compute)
+        f = features
+        if f.rows == 0 and f.num_tokens == 0:
+            return StepCost(0.0, 0.0, 0.0)
+        dense, compute = self._dense_cost(f.num_tokens)
+        prefill, decode = self.attention_s(f)
+        head, _ = self._head_cost(f.rows)
+        forward = self.hardware.step_overhead_s + dense + prefill + decode + head
+        return StepCost(forward_s=forward, sample_s=self.sample_s(f), compute_s=compute + prefill)
 
 
 def hardware_spec_path(name: str | Path) -> Path:

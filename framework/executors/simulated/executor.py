@@ -56,6 +56,12 @@ class SimulatedExecutor:
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
+        meta = self.cost.meta or {}
+        if self.cost.kind == "analytic":
+            out["hardware"] = str(meta.get("hardware", ""))
+            out["tensor_parallel"] = str(meta.get("tensor_parallel", 1))
+            if meta.get("interconnect"):
+                out["interconnect"] = str(meta["interconnect"])
         out["overlap"] = "host and device" if self.overlap else "none"
         if self.speed != 1:
             out["speed"] = f"{self.speed:g}"

@@ -1,0 +1,266 @@
+"""Fit a GPU's kernel families to a published per-operator table, and its interconnect's
+all-reduce to a collective table; write both into the GPU's hardware spec.
+
+    python -m experiments.gpu_fit ../shared/data/gpu/h100/Llama-2-7b-hf.mlp.csv \\
+        --hardware h100-sxm [--also h200] \\
+        [--collective ../shared/data/gpu/network/h100_dgx.all_reduce.csv --interconnect dgx] \\
+        [--write]
+
+The GEMM family (seven parameters, `framework/executors/simulated/gpu/kernels.py`) is fitted
+jointly to the table's four projections, each streaming family (two parameters) to its own
+operators, all in log space (relative error) with scipy's least squares. All-reduce is one
+alpha-beta pair per worker count, fitted to messages of 1 MB and up (below that the tables'
+medians scatter by 2-5x from one size to the next). Without `--write` it prints the fitted
+block; with it, the block replaces the spec's `kernels:` (and the named interconnect). The
+attention efficiencies are not fitted (no table is shipped): the spec states them, cited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from experiments.gpu_tables import (
+    CollectiveTable,
+    OperatorTable,
+    TableError,
+    read_collective_table,
+    read_operator_table,
+)
+from framework.executors.simulated.analytic import hardware_spec_path
+from framework.executors.simulated.gpu.kernels import (
+    STREAM_FAMILIES,
+    AllReduceFit,
+    GemmFit,
+    StreamFit,
+)
+from framework.executors.simulated.gpu.shard import GEMM_OPERATORS, Device
+
+# Which table operators each streaming family is fitted to.
+STREAM_OPERATORS = {
+    "norm": ("input_layernorm", "post_attention_layernorm"),
+    "rotary": ("attn_rope",),
+    "activation": ("mlp_act",),
+    "add": ("add",),
+    "embedding": ("emb",),
+}
+GEMM_START = (5e-6, 0.9, 0.75, 64.0, 2.0, 64.0, 0.5)
+GEMM_BOUNDS = ((0, 0.1, 0.1, 0, 1, 8, 0), (1e-4, 1.0, 1.0, 5000, 20, 256, 1))
+MIN_COLLECTIVE_BYTES = 1e6
+
+
+def device_of(spec: dict[str, Any], dtype: str = "float16") -> Device:
+    return Device(
+        bandwidth=float(spec["memory_bandwidth"]),
+        peak=float(spec["peak_flops"][dtype]),
+        sms=int(spec["sms"]),
+        dtype_bytes=2,
+    )
+
+
+def table_dims(table: OperatorTable) -> dict[str, np.ndarray]:
+    """Per row: (n, k) of each projection, and the streamed bytes of each streaming op."""
+    s = table.shape
+    h, i, heads, kv = s["n_embd"], s["n_expanded_embd"], s["n_head"], s["n_kv_head"]
+    tp, m, gated = s["num_tensor_parallel_workers"], table.tokens, s["use_gated_mlp"] > 0
+    d = h / heads
+    kv_shard = np.maximum(1, np.ceil(kv / tp))
+    b = 2
+    return {
+        "attn_pre_proj": ((heads / tp + 2 * kv_shard) * d, h),
+        "attn_post_proj": (h, heads * d / tp),
+        "mlp_up_proj": (i / tp * np.where(gated, 2, 1), h),
+        "mlp_down_proj": (h, i / tp),
+        "input_layernorm": 2 * m * h * b,
+        "post_attention_layernorm": 2 * m * h * b,
+        "attn_rope": 2 * m * (heads / tp + kv_shard) * d * b,
+        "mlp_act": np.where(gated, 3, 2) * m * i / tp * b,
+        "add": 3 * m * h * b,
+        "emb": 2 * m * h * b,
+    }
+
+
+def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
+    dims = table_dims(table)
+    m = table.tokens
+    ops = [op for op in GEMM_OPERATORS if op in table.operators]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        fit = GemmFit(*x)
+        out = []
+        for op in ops:
+            n, k = dims[op]
+            pred = np.array(
+                [
+                    fit.seconds(mi, ni, ki, 2, dev.bandwidth, dev.peak, dev.sms)
+                    for mi, ni, ki in zip(m, n, k, strict=True)
+                ]
+            )
+            out.append(np.log(pred / table.seconds[op]))
+        return np.concatenate(out)
+
+    found = least_squares(residuals, GEMM_START, bounds=GEMM_BOUNDS)
+    return GemmFit(*(float(v) for v in found.x))
+
+
+def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
+    dims = table_dims(table)
+    out = {}
+    for family in STREAM_FAMILIES:
+        ops = [op for op in STREAM_OPERATORS[family] if op in table.operators]
+        if not ops:
+            raise TableError(f"{table.path}: no operator for the {family} family")
+        nbytes = np.concatenate([dims[op] for op in ops])
+        measured = np.concatenate([table.seconds[op] for op in ops])
+
+        def residuals(x: np.ndarray, nbytes: np.ndarray = nbytes, y: np.ndarray = measured):
+            return np.log((x[0] + nbytes / (dev.bandwidth * x[1])) / y)
+
+        found = least_squares(residuals, (2e-6, 0.5), bounds=((0, 0.01), (1e-4, 1.0)))
+        out[family] = StreamFit(float(found.x[0]), float(found.x[1]))
+    return out
+
+
+def fit_all_reduce(table: CollectiveTable) -> AllReduceFit:
+    latency, bus = {}, {}
+    for n in sorted(set(table.workers.tolist())):
+        keep = (table.workers == n) & (table.nbytes >= MIN_COLLECTIVE_BYTES)
+        if keep.sum() < 2:
+            raise TableError(f"{table.path}: fewer than two messages of 1 MB and up at {n} workers")
+        ring = 2 * (n - 1) / n * table.nbytes[keep]
+        y = table.seconds[keep]
+
+        def residuals(x: np.ndarray, ring: np.ndarray = ring, y: np.ndarray = y) -> np.ndarray:
+            return np.log((x[0] * 1e-6 + ring / (x[1] * 1e9)) / y)
+
+        found = least_squares(residuals, (10.0, 100.0), bounds=((0, 1), (1e4, 1e5)))
+        latency[n], bus[n] = float(found.x[0] * 1e-6), float(found.x[1] * 1e9)
+    return AllReduceFit(latency, bus)
+
+
+MARKER = "# --- fitted by experiments.gpu_fit"
+
+
+def rounded(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: rounded(v) for k, v in data.items()}
+    if isinstance(data, float):
+        return float(f"{data:.5g}")
+    return data
+
+
+def spec_block(spec: dict[str, Any], command: str) -> str:
+    """The fitted part of a spec file: its kernels and interconnects, after the marker."""
+    fitted = {k: spec[k] for k in ("kernels", "interconnects") if k in spec}
+    body = yaml.safe_dump(rounded(fitted), sort_keys=False, width=100)
+    return f"{MARKER} (do not edit below; remake with the command):\n# {command}\n{body}"
+
+
+def write_spec(path: Path, spec: dict[str, Any], command: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    head = text.split(MARKER)[0].rstrip("\n")
+    path.write_text(f"{head}\n{spec_block(spec, command)}", encoding="utf-8")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("table", type=Path, help="a per-operator table (Vidur's *.mlp.csv format)")
+    ap.add_argument(
+        "--hardware",
+        required=True,
+        help="the GPU the table was measured on (a shipped spec's name or a file)",
+    )
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="another spec given the same fitted fractions (a GPU of the same "
+        "compute die, such as the H200 for the H100); repeatable",
+    )
+    ap.add_argument(
+        "--collective",
+        type=Path,
+        action="append",
+        default=[],
+        help="an all-reduce table; repeatable, one per --interconnect",
+    )
+    ap.add_argument(
+        "--interconnect",
+        action="append",
+        default=[],
+        help="the node each --collective was measured on (dgx, nvlink_pair)",
+    )
+    ap.add_argument(
+        "--interconnects-like",
+        default=None,
+        help="with no collective table for this GPU: take another spec's fitted "
+        "interconnects, their bus bandwidths times --bandwidth-scale",
+    )
+    ap.add_argument(
+        "--bandwidth-scale",
+        type=float,
+        default=1.0,
+        help="the link's bandwidth against that spec's (A100 NVLink 3 against "
+        "H100 NVLink 4: 600 / 900 GB/s)",
+    )
+    ap.add_argument("--write", action="store_true", help="write the fit into the spec file(s)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if len(args.collective) != len(args.interconnect):
+        print("error: give one --interconnect for each --collective", file=sys.stderr)
+        return 2
+    command = "python -m experiments.gpu_fit " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    try:
+        table = read_operator_table(args.table)
+        links = {
+            name: fit_all_reduce(read_collective_table(path))
+            for path, name in zip(args.collective, args.interconnect, strict=True)
+        }
+        if args.interconnects_like:
+            like = yaml.safe_load(hardware_spec_path(args.interconnects_like).read_text("utf-8"))
+            for name, data in (like.get("interconnects") or {}).items():
+                fit = AllReduceFit.from_dict(data, f"{args.interconnects_like}.{name}")
+                scale = args.bandwidth_scale
+                links[name] = AllReduceFit(
+                    dict(fit.latency_s), {n: bw * scale for n, bw in fit.bus_bandwidth.items()}
+                )
+        measured_on = yaml.safe_load(hardware_spec_path(args.hardware).read_text("utf-8"))
+        dev = device_of(measured_on)
+        gemm, stream = fit_gemm(table, dev), fit_stream(table, dev)
+        for hardware in [args.hardware, *args.also]:
+            path = hardware_spec_path(hardware)
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+            spec["kernels"] = {
+                "fitted_on": f"{args.table.parent.name}/{args.table.name} ({measured_on['name']})",
+                "gemm": gemm.to_dict(),
+                "stream": {k: v.to_dict() for k, v in stream.items()},
+            }
+            if links:
+                spec["interconnects"] = {
+                    **(spec.get("interconnects") or {}),
+                    **{k: v.to_dict() for k, v in links.items()},
+                }
+            if args.write:
+                write_spec(path, spec, command)
+                print(f"wrote the fit into {path}")
+            else:
+                print(spec_block(spec, command))
+    except (TableError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
