@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +95,26 @@ def check_collective(path: Path, spec: HardwareSpec, interconnect: str) -> dict[
         have = ", ".join(sorted(spec.interconnects)) or "none"
         raise ProfileError(f"--interconnect {interconnect}: {spec.id} has fits for {have}")
     fit = spec.interconnects[interconnect]
-    missing = sorted(set(table.workers.tolist()) - set(fit.workers))
-    if missing:
+    unfitted = sorted(set(table.workers.tolist()) - set(fit.workers))
+    fitted = np.isin(table.workers, fit.workers)
+    if not fitted.any():
         raise ProfileError(
-            f"--interconnect {interconnect}: no fit for {missing} workers (has {list(fit.workers)})"
+            f"--interconnect {interconnect}: no fit for {unfitted} workers "
+            f"(has {list(fit.workers)})"
         )
-    predicted = predict_collective(table, fit)
-    large = table.nbytes >= LARGE_MESSAGE
+    predicted = np.full(len(table.seconds), np.nan)
+    predicted[fitted] = predict_collective(
+        replace(
+            table,
+            workers=table.workers[fitted],
+            nbytes=table.nbytes[fitted],
+            seconds=table.seconds[fitted],
+        ),
+        fit,
+    )
+    large = (table.nbytes >= LARGE_MESSAGE) & fitted
     by_workers = {}
-    for n in sorted(set(table.workers.tolist())):
+    for n in sorted(set(table.workers[fitted].tolist())):
         m = table.workers == n
         by_workers[str(n)] = {
             **error_stats(predicted[m & large], table.seconds[m & large]),
@@ -113,8 +125,9 @@ def check_collective(path: Path, spec: HardwareSpec, interconnect: str) -> dict[
         "hardware": spec.id,
         "interconnect": interconnect,
         "collective": error_stats(predicted[large], table.seconds[large]),
-        "all_sizes": error_stats(predicted, table.seconds),
+        "all_sizes": error_stats(predicted[fitted], table.seconds[fitted]),
         "by_workers": by_workers,
+        "unfitted_workers": unfitted,  # rows of worker counts the fit has no times for
     }
 
 
@@ -132,6 +145,8 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"  all sizes          {pct(report['all_sizes'])}")
         for n, stats in report["by_workers"].items():
             print(f"  {n} workers, >= 1 MB {pct(stats)}")
+        if report["unfitted_workers"]:
+            print(f"  not predicted: {report['unfitted_workers']} workers (no fit for them)")
         return
     print(f"{report['table']}: {report['hardware']} (kernels fitted on {report['fitted_on']})")
     print(f"  shape {report['shape']}")
@@ -161,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = HardwareSpec.from_dict(load_hardware_spec(args.hardware))
         with args.table.open(encoding="utf-8", errors="replace") as f:
             header = f.readline()
-        if "collective" in header.split(","):
+        if "collective" in (c.strip() for c in header.split(",")):
             report = check_collective(args.table, spec, args.interconnect)
         else:
             report = check_operators(args.table, spec)

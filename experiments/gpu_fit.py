@@ -196,19 +196,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="the node each --collective was measured on (dgx, nvlink_pair)",
     )
-    ap.add_argument(
-        "--interconnects-like",
-        default=None,
-        help="with no collective table for this GPU: take another spec's fitted "
-        "interconnects, their bus bandwidths times --bandwidth-scale",
-    )
-    ap.add_argument(
-        "--bandwidth-scale",
-        type=float,
-        default=1.0,
-        help="the link's bandwidth against that spec's (A100 NVLink 3 against "
-        "H100 NVLink 4: 600 / 900 GB/s)",
-    )
     ap.add_argument("--write", action="store_true", help="write the fit into the spec file(s)")
     return ap.parse_args(argv)
 
@@ -227,14 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             name: fit_all_reduce(read_collective_table(path))
             for path, name in zip(args.collective, args.interconnect, strict=True)
         }
-        if args.interconnects_like:
-            like = yaml.safe_load(hardware_spec_path(args.interconnects_like).read_text("utf-8"))
-            for name, data in (like.get("interconnects") or {}).items():
-                fit = AllReduceFit.from_dict(data, f"{args.interconnects_like}.{name}")
-                scale = args.bandwidth_scale
-                links[name] = AllReduceFit(
-                    dict(fit.latency_s), {n: bw * scale for n, bw in fit.bus_bandwidth.items()}
-                )
         measured_on = yaml.safe_load(hardware_spec_path(args.hardware).read_text("utf-8"))
         dev = device_of(measured_on)
         gemm, stream = fit_gemm(table, dev), fit_stream(table, dev)
