@@ -375,6 +375,61 @@ def test_a_simulated_run_from_the_command_line_says_what_it_is(
     assert (tmp_path / "steps.csv").exists() and (tmp_path / "outputs.jsonl").exists()
 
 
+NOWHERE = {"cpu": "A CPU no profile was measured on", "family": 0, "model_number": 0,
+           "microarchitecture": None, "cores": 2, "isa": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        ("model=tiny", ("executor.tensor_parallel=2",)),
+        pytest.param("model=smollm2", ("dtype=bfloat16",), marks=pytest.mark.slow),
+    ],
+)
+def test_with_no_profile_a_run_prices_its_own_model_on_an_analytic_gpu(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    extra: tuple[str, ...],
+) -> None:
+    """On a CPU with no measured profile, any model simulates: the analytic profile of its
+    own config on executor.hardware, said in one line and in metrics.json."""
+    import framework.run.simulation as simulation
+
+    monkeypatch.setattr(simulation, "cpu_info", lambda: NOWHERE)
+    args = (model, "workload=straggler", "observers=[console]", "executor=simulated", *extra)
+    status, _, err = cli(capsys, *args, f"hydra.run.dir={tmp_path}")
+    assert status == 0, err[-3000:]
+    assert "using the analytic profile of this model on NVIDIA H100 SXM5 80GB" in err
+    assert "an estimate for that GPU" in err
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    tp = "2" if "executor.tensor_parallel=2" in extra else "1"
+    assert (m["cost_model"], m["hardware"], m["tensor_parallel"]) == ("analytic", "h100-sxm", tp)
+    assert m["profile"] == "analytic:h100-sxm" + ("-tp2" if tp == "2" else "")
+    assert m["overlap"] == "host and device" and m["token_slots"] > 0
+
+
+def test_tensor_parallel_holds_one_gpus_share_of_the_kv_heads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pool is one GPU's: at TP 2 the tiny model's 2 KV heads are one a GPU, so the same
+    engine.kv_memory_mb holds twice the blocks; and a TP run's steps cost less."""
+    blocks, makespan = {}, {}
+    for tp in (1, 2):
+        out = tmp_path / f"tp{tp}"
+        status, _, err = cli(
+            capsys, "model=tiny", "workload=straggler", "observers=[console]",
+            "executor=simulated", "executor.hardware=h100-sxm", f"executor.tensor_parallel={tp}",
+            "engine.kv_memory_mb=1", f"hydra.run.dir={out}",
+        )  # fmt: skip
+        assert status == 0, err[-3000:]
+        m = json.loads((out / "metrics.json").read_text())
+        blocks[tp], makespan[tp] = m["num_blocks"], m["makespan_s"]
+    assert blocks[2] == 2 * blocks[1]
+    assert makespan[2] != makespan[1]
+
+
 def test_speed_divides_every_predicted_second(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
