@@ -354,6 +354,7 @@ def test_a_replay_must_cover_the_workload() -> None:
 
 # ---- the command line ------------------------------------------------------------------------
 
+MODELS = Path(__file__).resolve().parents[1] / "framework/executors/simulated/models"
 H100 = "llama-8b-bfloat16-h100-sxm.analytic"  # a shipped profile, by name
 
 
@@ -408,6 +409,25 @@ def test_with_no_profile_a_run_prices_its_own_model_on_an_analytic_gpu(
     assert (m["cost_model"], m["hardware"], m["tensor_parallel"]) == ("analytic", "h100-sxm", tp)
     assert m["profile"] == "analytic:h100-sxm" + ("-tp2" if tp == "2" else "")
     assert m["overlap"] == "host and device" and m["token_slots"] > 0
+
+
+def test_a_mixture_of_experts_config_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import framework.run.simulation as simulation
+
+    monkeypatch.setattr(simulation, "cpu_info", lambda: NOWHERE)
+    config = json.loads((MODELS / "llama-8b" / "config.json").read_text())
+    config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                  num_local_experts=8, num_experts_per_tok=2)  # fmt: skip
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
+    status, _, err = cli(
+        capsys, "executor=simulated", "model=hf", f"model.path={tmp_path}/moe",
+        "dtype=bfloat16", "workload=straggler", "observers=[console]",
+        f"hydra.run.dir={tmp_path}/out",
+    )  # fmt: skip
+    assert_refused(status, err, "model_config.num_local_experts: a mixture-of-experts model")
 
 
 def test_tensor_parallel_holds_one_gpus_share_of_the_kv_heads(
@@ -670,6 +690,8 @@ def test_sweeps_studies_plots_and_mlflow_work_under_the_simulator(
     for r in jobs:
         assert r.data.tags["nanoserve.executor"] == "simulated"
         assert r.data.tags["nanoserve.cost_model"] == "analytic"
+        assert r.data.tags["nanoserve.hardware"] == "h100-sxm"
+        assert r.data.tags["nanoserve.tensor_parallel"] == "1"
         assert r.data.tags["nanoserve.clock"] == "virtual"
         assert r.data.tags["nanoserve.overlap"] == "host and device"
 

@@ -105,15 +105,9 @@ def analytic_for(cfg: DictConfig, shape: ModelShape) -> AnalyticProfile:
     config = (
         shape.config.to_dict() if hasattr(shape.config, "to_dict") else dict(vars(shape.config))
     )
-    try:
-        model = AnalyticShape.from_config(config)
-    except Exception as exc:
-        raise ValueError(
-            f"executor=simulated: no analytic profile for this model ({exc})"
-        ) from None
     return AnalyticProfile(
         hardware=spec,
-        shape=model,
+        shape=AnalyticShape.from_config(config),  # refuses what it cannot price, in one line
         dtype=str(cfg.dtype),
         tensor_parallel=int(x.tensor_parallel),
         interconnect=str(x.interconnect),
@@ -123,7 +117,8 @@ def analytic_for(cfg: DictConfig, shape: ModelShape) -> AnalyticProfile:
 
 def with_tensor_parallel(cfg: DictConfig, cost: CostModel, path: str) -> CostModel:
     """The profile at `executor.tensor_parallel`: an analytic one re-priced for that many
-    GPUs; a measured one only at 1 (it timed one device)."""
+    GPUs when it is above 1 (at the default 1, a named file keeps its own degree); a measured
+    one only at 1 (it timed one device)."""
     x = cfg.executor
     tp = int(x.tensor_parallel)
     if not isinstance(cost, AnalyticProfile):
@@ -133,7 +128,7 @@ def with_tensor_parallel(cfg: DictConfig, cost: CostModel, path: str) -> CostMod
                 "measured on one device"
             )
         return cost
-    if cost.tensor_parallel == tp and (tp == 1 or cost.interconnect == str(x.interconnect)):
+    if tp == 1 or (cost.tensor_parallel, cost.interconnect) == (tp, str(x.interconnect)):
         return cost
     meta = {k: v for k, v in cost.meta.items() if k not in ("tensor_parallel", "interconnect")}
     return AnalyticProfile(cost.hardware, cost.shape, cost.dtype, tp, str(x.interconnect), meta)
