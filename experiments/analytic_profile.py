@@ -21,13 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from framework.executors.simulated.analytic import (
-    PROFILES_DIR,
-    AnalyticProfile,
-    load_hardware_spec,
-)
+from framework.executors.simulated.analytic import PROFILES_DIR, AnalyticProfile
 from framework.executors.simulated.cost import ProfileError, model_id
 from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.gpu.hardware import load_hardware_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODE_CTX = 1024  # each decode row's context in the summary's decode steps

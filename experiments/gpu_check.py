@@ -36,8 +36,8 @@ from experiments.gpu_tables import (
     read_collective_table,
     read_operator_table,
 )
-from framework.executors.simulated.analytic import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.cost import ProfileError
+from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.shard import Device
 
 TOKEN_RANGES = ((1, 32), (33, 512), (513, 4096), (4097, None))

@@ -33,7 +33,7 @@ from experiments.gpu_tables import (
     read_collective_table,
     read_operator_table,
 )
-from framework.executors.simulated.analytic import hardware_spec_path
+from framework.executors.simulated.gpu.hardware import hardware_spec_path
 from framework.executors.simulated.gpu.kernels import (
     STREAM_FAMILIES,
     AllReduceFit,

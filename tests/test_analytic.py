@@ -12,16 +12,11 @@ import pytest
 import yaml
 from transformers import AutoConfig
 
-from framework.executors.simulated.analytic import (
-    HARDWARE_DIR,
-    MODELS_DIR,
-    PROFILES_DIR,
-    AnalyticProfile,
-    ModelShape,
-    load_hardware_spec,
-)
+from framework.executors.simulated.analytic import MODELS_DIR, PROFILES_DIR, AnalyticProfile
 from framework.executors.simulated.cost import FORMAT, ProfileError, model_id
 from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.gpu.hardware import HARDWARE_DIR, load_hardware_spec
+from framework.executors.simulated.gpu.model_shape import ModelShape
 from framework.executors.simulated.load import load_cost_model
 
 LLAMA_8B = MODELS_DIR / "llama-8b"

@@ -13,13 +13,9 @@ import pytest
 
 from experiments import gpu_check, gpu_fit
 from experiments.gpu_tables import read_operator_table
-from framework.executors.simulated.analytic import (
-    MODELS_DIR,
-    AnalyticProfile,
-    HardwareSpec,
-    load_hardware_spec,
-)
+from framework.executors.simulated.analytic import MODELS_DIR, AnalyticProfile
 from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.kernels import AllReduceFit, GemmFit, StreamFit
 from framework.executors.simulated.gpu.shard import Device, Shard
 

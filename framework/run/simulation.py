@@ -18,14 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.engine.clock import VirtualClock
-from framework.executors.simulated.analytic import (
-    AnalyticProfile,
-    HardwareSpec,
-    load_hardware_spec,
-)
-from framework.executors.simulated.analytic import (
-    ModelShape as AnalyticShape,
-)
+from framework.executors.simulated.analytic import AnalyticProfile
 from framework.executors.simulated.cost import (
     CostModel,
     device_beside_host,
@@ -33,6 +26,8 @@ from framework.executors.simulated.cost import (
     read_profile,
 )
 from framework.executors.simulated.executor import SimulatedExecutor
+from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
+from framework.executors.simulated.gpu.model_shape import ModelShape as AnalyticShape
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 from framework.run.config import overlap_setting

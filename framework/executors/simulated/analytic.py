@@ -21,22 +21,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from framework.executors.simulated.cost import FORMAT, HostCost, ProfileError, StepCost, model_id
+from framework.executors.simulated.cost import FORMAT, HostCost, ProfileError, StepCost
 from framework.executors.simulated.features import StepFeatures
-from framework.executors.simulated.gpu.kernels import AllReduceFit, AttentionFit, KernelFits
-from framework.executors.simulated.gpu.shard import Device, Shard, layer_operators
+from framework.executors.simulated.gpu.hardware import DTYPE_BYTES, HardwareSpec, section
+from framework.executors.simulated.gpu.kernels import AllReduceFit
+from framework.executors.simulated.gpu.model_shape import ModelShape
+from framework.executors.simulated.gpu.shard import layer_operators
 
 KIND = "analytic"
-HARDWARE_DIR = Path(__file__).resolve().parent / "hardware"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
-# Bytes a weight or a KV element takes in each dtype. `tfloat32` stores fp32 and multiplies
-# on the TF32 tensor cores (PyTorch's `allow_tf32`); plain `float32` uses the CUDA cores.
-DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_BYTES = 4  # logits are cast to fp32 before sampling (as vLLM and this engine do)
 TENSOR_PARALLEL = (1, 2, 4, 8)
 
@@ -72,289 +69,6 @@ MODEL_ASSUMPTIONS = (
     "not modelled: FP8 or quantised weights, mixture-of-experts, pipeline parallelism, "
     "speculative decoding; L2 reuse between kernels",
 )
-
-
-def _number(data: dict[str, Any], key: str, where: str, *, positive: bool = True) -> float:
-    """A float field. Strings that parse as numbers are accepted because YAML 1.1 (PyYAML)
-    reads `3.35e12`, without a sign in the exponent, as a string: a trap for anyone editing
-    a spec by hand."""
-    if key not in data:
-        raise ProfileError(f"{where}.{key}: missing")
-    value = data[key]
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}.{key}: not a number ({value!r})") from None
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise ProfileError(f"{where}.{key}: must be {'> 0' if positive else '>= 0'}; got {value}")
-    return number
-
-
-def _section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = data.get(key)
-    if not isinstance(value, dict):
-        raise ProfileError(f"{where}.{key}: missing or not a mapping")
-    return value
-
-
-@dataclass(frozen=True)
-class HardwareSpec:
-    """One accelerator: its datasheet peaks, its fitted kernel families, the attention
-    efficiencies taken from published kernels, and the all-reduce fit of each interconnect
-    it is sold in. The peaks are dense (no 2:4 sparsity: a served model's weights are not
-    sparse). Each spec file says where every number comes from."""
-
-    id: str  # the spec file's stem, e.g. h100-sxm
-    name: str  # the GPU as a person names it
-    memory_bandwidth: float  # bytes/s, datasheet peak
-    peak_flops: dict[str, float]  # FLOP/s per dtype, dense
-    sms: int  # streaming multiprocessors: how many GEMM tiles run at once
-    kernels: KernelFits
-    attention: AttentionFit
-    step_overhead_s: float  # per step: graph launch, host-device sync
-    sample_overhead_s: float  # per step that samples
-    host: HostCost  # the engine's own host work (scheduler, bookkeeping)
-    interconnects: dict[str, AllReduceFit] = field(default_factory=dict)
-    memory_capacity: float | None = None  # bytes; informational
-    sources: tuple[str, ...] = ()
-    assumptions: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "hardware") -> HardwareSpec:
-        if not isinstance(data, dict):
-            raise ProfileError(f"{where}: not a mapping")
-        for key in ("id", "name"):
-            if not isinstance(data.get(key), str) or not data[key]:
-                raise ProfileError(f"{where}.{key}: missing or not a string")
-        peaks_in = _section(data, "peak_flops", where)
-        peaks = {str(k): _number(peaks_in, k, f"{where}.peak_flops") for k in peaks_in}
-        overhead = _section(data, "overhead", where)
-        sampling = data.get("sampling") or {}
-        host = data.get("host") or {}
-        sms = data.get("sms")
-        if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
-            raise ProfileError(f"{where}.sms: the GPU's streaming multiprocessors, an integer >= 1")
-        links_in = data.get("interconnects") or {}
-        if not isinstance(links_in, dict):
-            raise ProfileError(f"{where}.interconnects: not a mapping")
-        capacity = data.get("memory_capacity")
-
-        def optional(section: dict[str, Any], key: str, name: str) -> float:
-            if key not in section:
-                return 0.0
-            return _number(section, key, f"{where}.{name}", positive=False)
-
-        return cls(
-            id=data["id"],
-            name=data["name"],
-            memory_bandwidth=_number(data, "memory_bandwidth", where),
-            peak_flops=peaks,
-            sms=sms,
-            kernels=KernelFits.from_dict(data.get("kernels"), f"{where}.kernels"),
-            attention=AttentionFit.from_dict(data.get("attention"), f"{where}.attention"),
-            step_overhead_s=_number(overhead, "per_step_s", f"{where}.overhead", positive=False),
-            sample_overhead_s=optional(sampling, "per_step_s", "sampling"),
-            host=HostCost(
-                per_step_s=optional(host, "per_step_s", "host"),
-                per_row_s=optional(host, "per_row_s", "host"),
-            ),
-            interconnects={
-                str(k): AllReduceFit.from_dict(v, f"{where}.interconnects.{k}")
-                for k, v in links_in.items()
-            },
-            memory_capacity=(None if capacity is None else _number(data, "memory_capacity", where)),
-            sources=tuple(str(s) for s in data.get("sources") or ()),
-            assumptions=tuple(str(s) for s in data.get("assumptions") or ()),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "name": self.name,
-            "memory_bandwidth": self.memory_bandwidth,
-            "peak_flops": dict(self.peak_flops),
-            "sms": self.sms,
-            "overhead": {"per_step_s": self.step_overhead_s},
-            "sampling": {"per_step_s": self.sample_overhead_s},
-            "host": {"per_step_s": self.host.per_step_s, "per_row_s": self.host.per_row_s},
-            "attention": self.attention.to_dict(),
-            "kernels": self.kernels.to_dict(),
-            "interconnects": {k: v.to_dict() for k, v in self.interconnects.items()},
-        }
-        if self.memory_capacity is not None:
-            out["memory_capacity"] = self.memory_capacity
-        out["sources"] = list(self.sources)
-        out["assumptions"] = list(self.assumptions)
-        return out
-
-    def peak(self, dtype: str) -> float:
-        if dtype not in self.peak_flops:
-            raise ProfileError(
-                f"hardware {self.id}: no peak_flops for dtype {dtype} "
-                f"(has {', '.join(sorted(self.peak_flops))})"
-            )
-        return self.peak_flops[dtype]
-
-    def device(self, dtype: str) -> Device:
-        return Device(self.memory_bandwidth, self.peak(dtype), self.sms, DTYPE_BYTES[dtype])
-
-
-# The config fields the model needs, with Hugging Face's defaults where it has one.
-CONFIG_FIELDS = (
-    "architectures",
-    "model_type",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "vocab_size",
-    "tie_word_embeddings",
-    "attention_bias",
-    "mlp_bias",
-)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A Llama-shaped model's sizes, read from its Hugging Face config (a dict)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    architectures: tuple[str, ...] = ("LlamaForCausalLM",)
-    model_type: str = "llama"
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], where: str = "model_config") -> ModelShape:
-        if not isinstance(config, dict):
-            raise ProfileError(f"{where}: not a mapping")
-        for moe in ("num_local_experts", "num_experts", "n_routed_experts"):
-            if config.get(moe):
-                raise ProfileError(
-                    f"{where}.{moe}: a mixture-of-experts model; the analytic profile covers "
-                    "dense Llama-shaped models only"
-                )
-
-        def size(key: str, default: int | None = None) -> int:
-            value = config.get(key, default)
-            if value is None:
-                raise ProfileError(f"{where}.{key}: missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ProfileError(f"{where}.{key}: must be a positive integer; got {value!r}")
-            return value
-
-        heads = size("num_attention_heads")
-        hidden = size("hidden_size")
-        if config.get("head_dim") is None and hidden % heads:
-            raise ProfileError(f"{where}.head_dim: missing, and hidden_size % heads != 0")
-        kv = size("num_key_value_heads", heads)
-        if heads % kv:
-            raise ProfileError(f"{where}.num_key_value_heads: {kv} does not divide {heads} heads")
-        return cls(
-            hidden_size=hidden,
-            intermediate_size=size("intermediate_size"),
-            num_hidden_layers=size("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=kv,
-            head_dim=size("head_dim", hidden // heads),
-            vocab_size=size("vocab_size"),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", False)),
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            architectures=tuple(config.get("architectures") or ("LlamaForCausalLM",)),
-            model_type=str(config.get("model_type") or "llama"),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "architectures": list(self.architectures),
-            "model_type": self.model_type,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "vocab_size": self.vocab_size,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "mlp_bias": self.mlp_bias,
-        }
-
-    @property
-    def model_id(self) -> str:
-        """`cost.model_id` of this shape, the same string a loaded config gives."""
-        return model_id(SimpleNamespace(**self.to_dict()))
-
-    # Parameter counts (elements, not bytes).
-    @property
-    def q_dim(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def attention_params(self) -> int:
-        """q, k, v and o projections of one layer (k and v are narrower under GQA)."""
-        h = self.hidden_size
-        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        bias = (self.q_dim + 2 * self.kv_dim + h) if self.attention_bias else 0
-        return weights + bias
-
-    @property
-    def mlp_params(self) -> int:
-        """gate, up and down projections of one layer."""
-        h, i = self.hidden_size, self.intermediate_size
-        return 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
-
-    @property
-    def layer_params(self) -> int:
-        return self.attention_params + self.mlp_params + 2 * self.hidden_size  # two RMSNorms
-
-    @property
-    def block_params(self) -> int:
-        """Everything but the embedding and the output head: the layers and the final norm.
-        The `2 x params x tokens` FLOPs are over these."""
-        return self.num_hidden_layers * self.layer_params + self.hidden_size
-
-    @property
-    def total_params(self) -> int:
-        head = 0 if self.tie_word_embeddings else self.embedding_params
-        return self.embedding_params + self.block_params + head
-
-    @property
-    def kv_elements_per_token(self) -> int:
-        return self.num_hidden_layers * 2 * self.kv_dim
-
-    def shard(self, tp: int = 1) -> Shard:
-        """One of `tp` GPUs' share (Megatron's split)."""
-        return Shard(
-            hidden=self.hidden_size,
-            intermediate=self.intermediate_size,
-            heads=self.num_attention_heads,
-            kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            vocab=self.vocab_size,
-            gated=True,
-            tp=tp,
-        )
 
 
 @dataclass(frozen=True)
@@ -475,8 +189,8 @@ class AnalyticProfile:
         parallel = data.get("parallel") or {}
         try:
             profile = cls(
-                hardware=HardwareSpec.from_dict(_section(data, "hardware", "profile")),
-                shape=ModelShape.from_config(_section(data, "model_config", "profile")),
+                hardware=HardwareSpec.from_dict(section(data, "hardware", "profile")),
+                shape=ModelShape.from_config(section(data, "model_config", "profile")),
                 dtype=dtype,
                 tensor_parallel=int(parallel.get("tensor", 1)),
                 interconnect=str(parallel.get("interconnect", "dgx")),
@@ -601,37 +315,3 @@ class AnalyticProfile:
         head, _ = self._head_cost(f.rows)
         forward = self.hardware.step_overhead_s + dense + prefill + decode + head
         return StepCost(forward_s=forward, sample_s=self.sample_s(f), compute_s=compute + prefill)
-
-
-def hardware_spec_path(name: str | Path) -> Path:
-    """A shipped spec by its stem (`h100-sxm`), or any spec file by path."""
-    p = Path(name).expanduser()
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
-        if not p.is_file():
-            raise ProfileError(f"hardware spec {name}: no such file")
-        return p
-    shipped = HARDWARE_DIR / f"{name}.yaml"
-    if not shipped.is_file():
-        known = ", ".join(sorted(q.stem for q in HARDWARE_DIR.glob("*.yaml")))
-        raise ProfileError(f"hardware spec {name}: not shipped (shipped: {known}), nor a file")
-    return shipped
-
-
-def load_hardware_spec(name: str | Path) -> dict[str, Any]:
-    """A spec file's contents, checked (`HardwareSpec.from_dict`), its `id` defaulting to
-    the file's stem."""
-    import json
-
-    import yaml
-
-    p = hardware_spec_path(name)
-    text = p.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ProfileError(f"hardware spec {p}: not readable ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ProfileError(f"hardware spec {p}: not a mapping")
-    data.setdefault("id", p.stem)
-    HardwareSpec.from_dict(data, where=f"hardware spec {p}")
-    return data
