@@ -1,4 +1,4 @@
-"""Write an analytic (roofline) profile: a hardware spec and a model's config in, a
+"""Write an analytic (per-operator) profile: a hardware spec and a model's config in, a
 `kind: analytic` profile file out, which `executor.profile=PATH` (load_cost_model) reads.
 
     python -m experiments.analytic_profile --hardware h100-sxm \\
@@ -167,7 +167,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def against(profile: AnalyticProfile, path: str) -> tuple[list[dict[str, Any]], str]:
     """The quoted steps as `profile` and a measured profile at `path` predict them: how far
-    the roofline's assumptions (efficiencies, overheads) land from that device's own seconds.
+    the spec's fits and assumptions land from that device's own seconds.
     The measured profile must describe the same model and dtype. Returns the rows and the
     measured profile's device."""
     from framework.executors.simulated.load import load_cost_model
