@@ -763,6 +763,11 @@ def sim_check(
     sim_cfg = compose_cfg([*shared, *sim_overrides(sim_own, args.profile, args.host_time)])
     shape = load(sim_cfg)[0]  # the model's config and tokenizer, no weights
     profile = choose_profile(sim_cfg, shape)
+    if profile is None:  # an analytic GPU's seconds say nothing about this CPU's real runs
+        raise ValueError(
+            f"no profile measured on this CPU for {sim_cfg.model.source} in {sim_cfg.dtype}; "
+            "measure one with `python -m experiments.calibrate` and pass --profile PATH"
+        )
     read_profile(profile)  # a missing or malformed file fails now
     sim = sim_overrides(sim_own, profile, args.host_time)
     for combo in policy_combos(args.quick):
