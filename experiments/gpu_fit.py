@@ -27,6 +27,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from experiments.gpu_tables import (
+    TABLE_DTYPE_BYTES,
     CollectiveTable,
     OperatorTable,
     TableError,
@@ -40,16 +41,8 @@ from framework.executors.simulated.gpu.kernels import (
     GemmFit,
     StreamFit,
 )
-from framework.executors.simulated.gpu.shard import GEMM_OPERATORS, Device
+from framework.executors.simulated.gpu.shard import Device, Gemm, Stream, layer_shapes
 
-# Which table operators each streaming family is fitted to.
-STREAM_OPERATORS = {
-    "norm": ("input_layernorm", "post_attention_layernorm"),
-    "rotary": ("attn_rope",),
-    "activation": ("mlp_act",),
-    "add": ("add",),
-    "embedding": ("emb",),
-}
 GEMM_START = (5e-6, 0.9, 0.75, 64.0, 2.0, 64.0, 0.5)
 GEMM_BOUNDS = ((0, 0.1, 0.1, 0, 1, 8, 0), (1e-4, 1.0, 1.0, 5000, 20, 256, 1))
 MIN_COLLECTIVE_BYTES = 1e6
@@ -60,46 +53,32 @@ def device_of(spec: dict[str, Any], dtype: str = "float16") -> Device:
         bandwidth=float(spec["memory_bandwidth"]),
         peak=float(spec["peak_flops"][dtype]),
         sms=int(spec["sms"]),
-        dtype_bytes=2,
+        dtype_bytes=TABLE_DTYPE_BYTES,
     )
 
 
-def table_dims(table: OperatorTable) -> dict[str, np.ndarray]:
-    """Per row: (n, k) of each projection, and the streamed bytes of each streaming op."""
-    s = table.shape
-    h, i, heads, kv = s["n_embd"], s["n_expanded_embd"], s["n_head"], s["n_kv_head"]
-    tp, m, gated = s["num_tensor_parallel_workers"], table.tokens, s["use_gated_mlp"] > 0
-    d = h / heads
-    kv_shard = np.maximum(1, np.ceil(kv / tp))
-    b = 2
-    return {
-        "attn_pre_proj": ((heads / tp + 2 * kv_shard) * d, h),
-        "attn_post_proj": (h, heads * d / tp),
-        "mlp_up_proj": (i / tp * np.where(gated, 2, 1), h),
-        "mlp_down_proj": (h, i / tp),
-        "input_layernorm": 2 * m * h * b,
-        "post_attention_layernorm": 2 * m * h * b,
-        "attn_rope": 2 * m * (heads / tp + kv_shard) * d * b,
-        "mlp_act": np.where(gated, 3, 2) * m * i / tp * b,
-        "add": 3 * m * h * b,
-        "emb": 2 * m * h * b,
-    }
+def table_shapes(table: OperatorTable) -> dict[str, list[Gemm | Stream]]:
+    """Each of the table's operators, row by row, as `layer_shapes` writes it (fp16)."""
+    rows = [
+        layer_shapes(table.shard(i), int(m), TABLE_DTYPE_BYTES) for i, m in enumerate(table.tokens)
+    ]
+    return {op: [r[op] for r in rows] for op in table.operators}
 
 
 def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
-    dims = table_dims(table)
+    """The GEMM family, fitted jointly to every projection of the table."""
+    shapes = table_shapes(table)
     m = table.tokens
-    ops = [op for op in GEMM_OPERATORS if op in table.operators]
+    ops = [op for op in table.operators if isinstance(shapes[op][0], Gemm)]
 
     def residuals(x: np.ndarray) -> np.ndarray:
         fit = GemmFit(*x)
         out = []
         for op in ops:
-            n, k = dims[op]
             pred = np.array(
                 [
-                    fit.seconds(mi, ni, ki, 2, dev.bandwidth, dev.peak, dev.sms)
-                    for mi, ni, ki in zip(m, n, k, strict=True)
+                    fit.seconds(mi, g.n, g.k, TABLE_DTYPE_BYTES, dev.bandwidth, dev.peak, dev.sms)
+                    for mi, g in zip(m, shapes[op], strict=True)
                 ]
             )
             out.append(np.log(pred / table.seconds[op]))
@@ -110,13 +89,18 @@ def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
 
 
 def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
-    dims = table_dims(table)
+    """Each streaming family, fitted to the table's operators of that family."""
+    shapes = table_shapes(table)
     out = {}
     for family in STREAM_FAMILIES:
-        ops = [op for op in STREAM_OPERATORS[family] if op in table.operators]
+        ops = [
+            op
+            for op in table.operators
+            if isinstance(shapes[op][0], Stream) and shapes[op][0].family == family
+        ]
         if not ops:
             raise TableError(f"{table.path}: no operator for the {family} family")
-        nbytes = np.concatenate([dims[op] for op in ops])
+        nbytes = np.array([s.nbytes for op in ops for s in shapes[op]])
         measured = np.concatenate([table.seconds[op] for op in ops])
 
         def residuals(x: np.ndarray, nbytes: np.ndarray = nbytes, y: np.ndarray = measured):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from experiments import gpu_check, gpu_fit
+from experiments.analytic_profile import prefill_step
 from experiments.gpu_tables import read_operator_table
 from framework.executors.simulated.analytic import MODELS_DIR, AnalyticProfile
-from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.kernels import AllReduceFit, GemmFit, StreamFit
 from framework.executors.simulated.gpu.shard import Device, Shard
@@ -101,17 +101,7 @@ def test_tensor_parallel_splits_weights_kv_and_adds_two_all_reduces_a_layer() ->
     assert Shard(4096, 14336, 32, 4, 128, 128256, tp=8).kv_heads_shard == 1
     # the all-reduces: 2 a layer of tokens x hidden x bf16, by the fit
     m = 256
-    step = StepFeatures(
-        rows=1,
-        num_tokens=m,
-        linear_tokens=m,
-        prefill_rows=1,
-        prefill_tokens=m,
-        prefill_attn=m * m,
-        decode_rows=0,
-        decode_ctx=0,
-        random_rows=0,
-    )
+    step = prefill_step(m)  # one fresh prompt of m tokens, its first token sampled
     link = four.hardware.interconnects["dgx"]
     e = four.estimate(step)
     gather = link.seconds(1 * 128256 * 2 / 2, 4)  # the sampled row's logits

@@ -28,7 +28,7 @@ from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.gpu.hardware import DTYPE_BYTES, HardwareSpec, section
 from framework.executors.simulated.gpu.kernels import AllReduceFit
 from framework.executors.simulated.gpu.model_shape import ModelShape
-from framework.executors.simulated.gpu.shard import layer_operators
+from framework.executors.simulated.gpu.shard import GEMM_OPERATORS, layer_operators
 
 KIND = "analytic"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -241,8 +241,7 @@ class AnalyticProfile:
         hit = self._dense.get(tokens)
         if hit is None:
             ops = self.dense_ops(tokens)
-            gemm = sum(ops[op] for op in ("attn_pre_proj", "attn_post_proj",
-                                          "mlp_up_proj", "mlp_down_proj"))  # fmt: skip
+            gemm = sum(ops[op] for op in GEMM_OPERATORS)
             hit = self._dense[tokens] = (
                 sum(ops.values()),
                 gemm if self._compute_bound(tokens) else 0.0,
@@ -298,10 +297,8 @@ class AnalyticProfile:
         ops = self.dense_ops(f.num_tokens)
         prefill, decode = self.attention_s(f)
         head, gather = self._head_cost(f.rows)
-        ops.update(attention_prefill=prefill, attention_decode=decode,
-                   lm_head=head - gather, logits_gather=gather)  # fmt: skip
-        ops["all_reduce"] += gather
-        del ops["logits_gather"]
+        ops.update(attention_prefill=prefill, attention_decode=decode, lm_head=head - gather)
+        ops["all_reduce"] += gather  # the logits' gather rides on the interconnect too
         _, compute = self._dense_cost(f.num_tokens)
         forward = self.hardware.step_overhead_s + sum(ops.values())
         return StepEstimate(ops, compute + prefill, forward, self.sample_s(f))

@@ -4,13 +4,12 @@ efficiencies and its interconnects' all-reduce fits, read from a YAML file
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from framework.executors.simulated.cost import HostCost, ProfileError
-from framework.executors.simulated.gpu.kernels import AllReduceFit, AttentionFit, KernelFits
+from framework.executors.simulated.gpu.kernels import AllReduceFit, AttentionFit, KernelFits, number
 from framework.executors.simulated.gpu.shard import Device
 
 HARDWARE_DIR = Path(__file__).resolve().parents[1] / "hardware"
@@ -18,24 +17,6 @@ HARDWARE_DIR = Path(__file__).resolve().parents[1] / "hardware"
 # Bytes a weight or a KV element takes in each dtype. `tfloat32` stores fp32 and multiplies
 # on the TF32 tensor cores (PyTorch's `allow_tf32`); plain `float32` uses the CUDA cores.
 DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2}
-
-
-def number(data: dict[str, Any], key: str, where: str, *, positive: bool = True) -> float:
-    """A float field. Strings that parse as numbers are accepted because YAML 1.1 (PyYAML)
-    reads `3.35e12`, without a sign in the exponent, as a string: a trap for anyone editing
-    a spec by hand."""
-    if key not in data:
-        raise ProfileError(f"{where}.{key}: missing")
-    value = data[key]
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}.{key}: not a number ({value!r})") from None
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise ProfileError(f"{where}.{key}: must be {'> 0' if positive else '>= 0'}; got {value}")
-    return number
 
 
 def section(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:

@@ -33,25 +33,29 @@ from framework.executors.simulated.cost import ProfileError
 STREAM_FAMILIES = ("norm", "rotary", "activation", "add", "embedding")
 
 
+def number(data: dict[str, Any], key: str, where: str, *, positive: bool = True) -> float:
+    """A float field. Strings that parse as numbers are accepted because YAML 1.1 (PyYAML)
+    reads `3.35e12`, without a sign in the exponent, as a string: a trap for anyone editing
+    a spec by hand."""
+    if key not in data:
+        raise ProfileError(f"{where}.{key}: missing")
+    value = data[key]
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}.{key}: not a number ({value!r})") from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ProfileError(f"{where}.{key}: must be {'> 0' if positive else '>= 0'}; got {value}")
+    return number
+
+
 def _fields(cls: type, data: Any, where: str) -> dict[str, float]:
     """Every field of a fit dataclass, as a finite non-negative float."""
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: missing or not a mapping")
-    out = {}
-    for f in fields(cls):
-        if f.name not in data:
-            raise ProfileError(f"{where}.{f.name}: missing")
-        value = data[f.name]
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ProfileError(f"{where}.{f.name}: not a number ({value!r})") from None
-        if not math.isfinite(number) or number < 0:
-            raise ProfileError(f"{where}.{f.name}: must be >= 0; got {value}")
-        out[f.name] = number
-    return out
+    return {f.name: number(data, f.name, where, positive=False) for f in fields(cls)}
 
 
 def _fraction(value: float, where: str) -> float:

@@ -94,30 +94,51 @@ class Shard:
         return 2 * self.kv_heads_shard * self.head_dim * b
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """A projection of the step's tokens: k inputs to n outputs."""
+
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A streaming op of a kernel family, and the bytes it reads and writes."""
+
+    family: str
+    nbytes: float
+
+
+def layer_shapes(shard: Shard, m: int, b: int) -> dict[str, Gemm | Stream]:
+    """What each table operator of one layer does at `m` tokens in `b` bytes an element: the
+    one place the operators' shapes are written, for pricing and for fitting alike."""
+    h = shard.hidden
+    rows = m * h * b  # one activation of the residual stream
+    gated = 3 if shard.gated else 2  # gated reads gate and up, writes one
+    qk_heads = shard.heads_shard + shard.kv_heads_shard
+    return {
+        "emb": Stream("embedding", 2 * rows),
+        "input_layernorm": Stream("norm", 2 * rows),
+        "attn_pre_proj": Gemm(shard.qkv_out, h),
+        "attn_rope": Stream("rotary", 2 * m * qk_heads * shard.head_dim * b),
+        "attn_post_proj": Gemm(h, shard.heads_shard * shard.head_dim),
+        "post_attention_layernorm": Stream("norm", 2 * rows),
+        "mlp_up_proj": Gemm(shard.up_out, h),
+        "mlp_act": Stream("activation", gated * m * shard.mlp_shard * b),
+        "mlp_down_proj": Gemm(h, shard.mlp_shard),
+        "add": Stream("add", 3 * rows),
+    }
+
+
 def layer_operators(shard: Shard, m: int, fits: KernelFits, dev: Device) -> dict[str, float]:
     """Seconds of each table operator of one layer at `m` tokens (attention itself, the KV
     write and the all-reduces are the step's: `framework.executors.simulated.analytic`)."""
-    b, bw, h = dev.dtype_bytes, dev.bandwidth, shard.hidden
-    gemm, s = fits.gemm, fits.stream
-    q_dim = shard.heads * shard.head_dim
-
-    def mm(n: int, k: int) -> float:
-        return gemm.seconds(m, n, k, b, bw, dev.peak, dev.sms)
-
-    rows = m * h * b  # one activation of the residual stream
-    norm = s["norm"].seconds(2 * rows, bw)
-    act_factor = 3 if shard.gated else 2  # gated reads gate and up, writes one
-    return {
-        "emb": s["embedding"].seconds(2 * rows, bw),
-        "input_layernorm": norm,
-        "attn_pre_proj": mm(shard.qkv_out, h),
-        "attn_rope": s["rotary"].seconds(
-            2 * m * (shard.heads_shard + shard.kv_heads_shard) * shard.head_dim * b, bw
-        ),
-        "attn_post_proj": mm(h, q_dim // shard.tp),
-        "post_attention_layernorm": norm,
-        "mlp_up_proj": mm(shard.up_out, h),
-        "mlp_act": s["activation"].seconds(act_factor * m * shard.mlp_shard * b, bw),
-        "mlp_down_proj": mm(h, shard.mlp_shard),
-        "add": s["add"].seconds(3 * rows, bw),
-    }
+    b, bw = dev.dtype_bytes, dev.bandwidth
+    out = {}
+    for op, shape in layer_shapes(shard, m, b).items():
+        if isinstance(shape, Gemm):
+            out[op] = fits.gemm.seconds(m, shape.n, shape.k, b, bw, dev.peak, dev.sms)
+        else:
+            out[op] = fits.stream[shape.family].seconds(shape.nbytes, bw)
+    return out
