@@ -99,24 +99,22 @@ def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
 
 
 def test_slots_map_every_position_to_its_block() -> None:
-    """`Engine._slots` (a per-block loop for short spans, one numpy sum for long ones)
+    """`batch_build.slots` (a per-block loop for short spans, one numpy sum for long ones)
     against the plain per-position mapping, and a short table is an IndexError."""
     import random
-    from types import SimpleNamespace
 
-    from framework.engine.loop import Engine
+    from framework.engine.batch_build import slots
 
     rng = random.Random(3)
     for bs in (1, 4, 16):
-        stub = SimpleNamespace(pool=SimpleNamespace(block_size=bs))
         for _ in range(200):
             table = rng.sample(range(1000), rng.randint(1, 40))
             end = rng.randint(1, len(table) * bs)
             start = rng.randint(0, end - 1)
             want = [table[p // bs] * bs + p % bs for p in range(start, end)]
-            assert Engine._slots(stub, table, start, end) == want  # type: ignore[arg-type]
+            assert slots(table, start, end, bs) == want
         with pytest.raises(IndexError):
-            Engine._slots(stub, [7] * 5, 0, 5 * bs + 1)  # type: ignore[arg-type]
+            slots([7] * 5, 0, 5 * bs + 1, bs)
 
 
 def _every_field(cls: type) -> dict[str, object]:
@@ -150,9 +148,9 @@ def test_the_engine_gives_every_view_each_of_its_fields(tiny) -> None:
         make_cfg("model=tiny"), model, torch.device("cpu"), torch.float32, registry().pm.hook
     )
     seen: list[object] = []
-    real_view, real_output_view = engine._view, engine._output_view
-    engine._view = lambda *a, **k: seen.append(real_view(*a, **k)) or seen[-1]  # type: ignore[method-assign]
-    engine._output_view = lambda: seen.append(real_output_view()) or seen[-1]  # type: ignore[method-assign]
+    real_view, real_output_view = engine.planner.view, engine.output.view
+    engine.planner.view = lambda *a, **k: seen.append(real_view(*a, **k)) or seen[-1]  # type: ignore[method-assign]
+    engine.output.view = lambda *a: seen.append(real_output_view(*a)) or seen[-1]  # type: ignore[method-assign]
     engine.run(specs(), tok.eos_token_id)
     kinds = {type(v) for v in seen}
     assert kinds == {EngineView, OutputView}
@@ -165,10 +163,15 @@ class Displacing(GreedyBadScheduler):
         return []
 
 
+def displaces(scheduler: object) -> bool:
+    from framework.api.policy import Scheduler, overrides
+
+    return overrides(scheduler, Scheduler, "displace")
+
+
 def test_only_a_scheduler_with_its_own_displace_is_asked() -> None:
     """The default `displace` names no one: the engine skips the call and its view."""
     from framework.api.guard import Guarded
-    from framework.engine.loop import displaces
 
     assert not displaces(GreedyBadScheduler(None))  # type: ignore[arg-type]
     assert displaces(Displacing(None))  # type: ignore[arg-type]

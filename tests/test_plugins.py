@@ -21,14 +21,23 @@ from typing import Any, ClassVar
 
 import pluggy
 import pytest
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 
 import framework.api.registry
 from framework.api import hookspecs
 from framework.api.admission import admit_fcfs, admit_in_order
+from framework.api.guard import Guarded
 from framework.api.hookspecs import hookimpl
-from framework.api.policy import EngineView, PolicyConfig, PolicyError, Preemption, Scheduler
+from framework.api.policy import (
+    EngineView,
+    PolicyConfig,
+    PolicyError,
+    Preemption,
+    Scheduler,
+    overrides,
+)
 from framework.api.registry import PluginError, Registry, UnknownPolicyError, registry
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.engine.sequence import Sequence, Status
@@ -262,6 +271,101 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_others_load(
     # A missing name then points at the plugin that failed.
     with pytest.raises(UnknownPolicyError, match=r"(?s)Plugins that failed to load:.*broken"):
         reg.get("scheduler", "fifo")
+
+
+V1_CHUNKER = """
+from framework.api import EngineView, PolicyConfig, Scheduler, admit_fcfs, hookimpl
+
+NANOSERVE_API = 1
+
+
+class OldChunker(Scheduler):
+    chunks_prefill = True  # API 1's flag: no longer read, and harmless
+
+    def evict(self, view):
+        return [s for s in view.running if s.finished]
+
+    def admit(self, view):
+        return admit_fcfs(view)
+
+    def chunk(self, view, seq, budget):
+        return min(seq.step_tokens, budget, 4)
+
+
+@hookimpl
+def register_schedulers(register):
+    register("old_chunker", OldChunker, PolicyConfig)
+"""
+
+V1_RENAMED = """
+from framework.api import hookimpl
+
+NANOSERVE_API = 1
+
+
+def fits(view, seq):
+    return view.tokens_for(seq, view.max_num_batched_tokens) <= view.max_num_batched_tokens
+
+
+@hookimpl
+def register_schedulers(register):
+    pass
+"""
+
+
+def test_a_plugin_for_api_1_loads_unless_it_uses_a_renamed_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """API 2 renamed four view names. A plugin written for API 1 that uses none of them (as
+    the README's and the example package's do) loads as it is; one that does is refused with
+    the line to change, naming the file and line."""
+    site = fake_dist(
+        tmp_path / "site",
+        "nanoserve-v1-plugins",
+        {"nanoserve_v1_chunker": V1_CHUNKER, "nanoserve_v1_renamed": V1_RENAMED},
+        {"old_chunker": "nanoserve_v1_chunker", "renamed": "nanoserve_v1_renamed"},
+    )
+    monkeypatch.syspath_prepend(str(site))
+    reg = Registry.from_entry_points()
+    errors = {e.plugin: str(e) for e in reg.load_errors}
+    assert set(errors) == {"renamed"}
+    assert (
+        "written for policy API 1 and uses `tokens_for` (nanoserve_v1_renamed.py:8)"
+        in (errors["renamed"])
+    )
+    assert "view.chunk(seq, budget)" in errors["renamed"]
+    assert "NANOSERVE_API = 2" in errors["renamed"]
+    assert "old_chunker" in reg.policies["scheduler"]
+
+
+def test_overriding_chunk_alone_serves_a_long_prompt_in_chunks(tiny: Any) -> None:
+    """No flag to keep in step: a scheduler with a `chunk` of its own is served prompts
+    longer than the step's token budget, in chunks; the same scheduler without one has the
+    request rejected up front."""
+    from framework.api.registry import registry
+    from framework.run.app import build_engine
+    from plugins.schedulers.continuous import ContinuousScheduler
+
+    class FourAtATime(ContinuousScheduler):
+        def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
+            return min(seq.step_tokens, budget, 4)
+
+    model, tok = tiny
+    spec = RequestSpec("long", list(range(5, 25)), SamplingParams(max_tokens=3, ignore_eos=True))
+    served = {}
+    for cls in (ContinuousScheduler, FourAtATime):
+        cfg = make_cfg("model=tiny", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=2")
+        engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
+        engine.p.scheduler = Guarded(cls(PolicyConfig()), "scheduler", "x", None)
+        engine.planner.chunks = overrides(engine.p.scheduler, Scheduler, "chunk")
+        result = engine.run([spec], tok.eos_token_id)
+        served[cls.__name__] = result.seqs[0]
+    assert served["ContinuousScheduler"].status is Status.REJECTED
+    long = served["FourAtATime"]
+    assert long.finish_reason == "length" and len(long.output_token_ids) == 3
+    # 20 prompt tokens in chunks of at most 4: five prefill chunks, then two decodes.
+    assert result.counters.prefill_chunks == 5
+    assert result.counters.prefill_tokens == 20
 
 
 @pytest.mark.parametrize(

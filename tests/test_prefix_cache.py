@@ -246,13 +246,29 @@ def lpm(**over: Any) -> Any:
     return LPMScheduler(LPMConfig(name="lpm", **over))
 
 
+class CachedRules:
+    """The engine's side of a view as these tests need it: a table of cached tokens."""
+
+    def __init__(self, cached: dict[str, int]) -> None:
+        self.cached = cached
+
+    def chunk(self, view: Any, seq: Any, budget: int) -> int:
+        return int(seq.step_tokens)
+
+    def cached_tokens(self, seq: Any) -> int:
+        return self.cached[seq.id]
+
+    def admits(self, view: Any, seq: Any, free_blocks: int) -> bool:
+        return True
+
+
 def lpm_view(cached: dict[str, int], now: float = 0.0, arrivals: dict[str, float] | None = None):  # type: ignore[no-untyped-def]
     from tests.test_plugins import make_seq, make_view
 
     arrivals = arrivals or {}
     waiting = tuple(make_seq(r, arrival=arrivals.get(r, 0.0)) for r in cached)
     view = make_view(waiting=waiting, now=now, max_num_seqs=2)
-    return dataclasses.replace(view, cached=lambda s: cached[s.id])
+    return dataclasses.replace(view, rules=CachedRules(cached))
 
 
 def test_lpm_admits_the_longest_cached_prefix_first() -> None:

@@ -2,11 +2,12 @@
 
     from framework.api import hookimpl, Scheduler, PolicyConfig, EngineView, admit_in_order
 
-Policy API version 1 (`API_VERSION`). The modules behind it:
+Policy API version 2 (`API_VERSION`). The modules behind it:
 - `policy`: the four policy base classes, their views and `PolicyError` (the contract);
 - `hookspecs`: the pluggy hooks, `register_*` and the observer hooks;
 - `admission`: the shared admission loop under the engine's budgets;
 - `registry`: how entry points become named policies (and their Hydra configs);
+- `compat`: loading a plugin written for API 1 (or telling it what to change);
 - `guard`, `faults`: naming the plugin when a policy or observer raises.
 
 What a plugin reads of the engine's state (`Sequence`, `Status`, `RequestSpec`,

@@ -54,13 +54,13 @@ def admit_in_order(
         if len(admitted) >= slots:
             break
         # The scheduler's chunk of the prompt where it chunks (`Scheduler.chunk`), else all.
-        need_tokens = view.tokens_for(seq, view.max_num_batched_tokens - tokens)
+        need_tokens = view.chunk(seq, view.max_num_batched_tokens - tokens)
         need_blocks = view.blocks_to_admit(seq)
         if (
             need_tokens < 1
             or tokens + need_tokens > view.max_num_batched_tokens
             or need_blocks > free
-            or not view.allocator_admits(seq, free)
+            or not view.admits(seq, free)
         ):
             break
         admitted.append(seq)

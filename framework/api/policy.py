@@ -1,4 +1,4 @@
-"""The policy API, version 1 (`API_VERSION`): what a policy may read, what it returns, and
+"""The policy API, version 2 (`API_VERSION`): what a policy may read, what it returns, and
 what happens when a decision breaks the contract. Third-party plugins build on this module
 and on `framework.api.hookspecs`; nothing else in `framework/` is part of the contract.
 
@@ -7,10 +7,13 @@ the engine validates the decision before applying it. A policy never allocates o
 KV block, moves a request between queues, or appends a token: it names what should happen.
 
 Four groups, one policy of each per run:
-- Scheduler: which finished rows leave the batch (`evict`), who is admitted (`admit`), and
-  optionally how much of a prefill each forward computes (`chunk`: chunked prefill).
-- Allocator: how many blocks a sequence needs at admission and before each step, and
-  optionally whether the pool caches shared prefixes (`caches_prefixes`).
+- Scheduler: which finished rows leave the batch (`evict`), who is admitted (`admit`); and,
+  each a method with a default, how much of a prefill each forward computes (`chunk`:
+  chunked prefill) and which running rows make room for a waiting one (`displace`).
+- Allocator: how many blocks a sequence needs at admission and before each step; and, each
+  with a default, whether it declines an admission that fits (`admits`), whether the pool
+  caches shared prefixes (`caches_prefixes`) and which cached block goes first
+  (`choose_eviction`).
 - Preemption: which running rows give up their blocks when the pool is dry.
 - OutputPolicy: how long sampled tokens stay on the device before they are read back.
 
@@ -23,8 +26,9 @@ Registering (see `framework.api.hookspecs` and `framework.api.registry`)
     line); Hydra checks their types when it composes the config, and the policy's
     `__init__(cfg)` gets a typed instance (do range checks there and raise ValueError naming
     `group.field`). Names are unique per group across every installed plugin. A module may
-    declare `NANOSERVE_API = 1`; a plugin written for another version is reported and
-    skipped, not loaded.
+    declare `NANOSERVE_API = 2`; a plugin written for another version is reported and
+    skipped, not loaded (one written for version 1 is loaded when it uses nothing that
+    version 2 renamed, `RENAMED_IN_2`, and otherwise told what to write instead).
 
 What a policy may read
     `EngineView` (schedulers, preemption): `now` and `step`; the queues, `waiting` (arrived
@@ -33,9 +37,11 @@ What a policy may read
     them); `free_blocks` (after this step's growth of the running rows is set aside),
     `block_size`, `num_blocks`; the budgets `max_num_seqs` and `max_num_batched_tokens`;
     `blocks_to_admit(seq)`, the allocator's price; `step_tokens()`, the running rows' tokens
-    (their chosen chunks, in the admission view); `tokens_for(seq, budget)`, what the
-    scheduler's `chunk` would give a sequence; `cached_tokens(seq)`, how much of it the
-    prefix cache holds.
+    (their chosen chunks, in the admission view); `chunk(seq, budget)`, what the
+    scheduler's `chunk` gives a sequence; `cached_tokens(seq)`, how much of it the prefix
+    cache holds; `admits(seq, free_blocks)`, whether the allocator lets it in. A view only
+    reads: what a lookup finds for a sequence (a waiting request's cached prefix, which its
+    `step_tokens` then leaves out) the engine records.
     Each `Sequence`, read-only: `id`, `priority` (lower is more urgent), `arrival`,
     `sampling` (`max_tokens`, temperature, ...), `spec` (the `RequestSpec`, prompt included),
     the lengths `prompt_len`, `num_tokens`, `num_computed`, `step_tokens`, `remaining`,
@@ -50,10 +56,12 @@ What a policy returns, and what the engine checks
     - `Scheduler.admit`: waiting sequences, each once, that fit with the running rows within
       `max_num_seqs`, `max_num_batched_tokens` and the free blocks at the allocator's price.
       Admitting nothing while the engine is idle and requests wait is an error too.
-    - `Scheduler.chunk` (optional): 1..`seq.step_tokens` tokens, the step within
+    - `Scheduler.chunk`: 1..`seq.step_tokens` tokens, the step within
       `max_num_batched_tokens` (chunked prefill; see the method).
-    - `Allocator.admits` (optional): a scheduler must not admit what the allocator declines
-      (`admit_in_order` asks it; the engine checks).
+    - `Scheduler.displace`: unfinished running rows.
+    - `Allocator.admits`: a scheduler must not admit what the allocator declines
+      (`admit_in_order` asks it through `view.admits`; the engine checks).
+    - `Allocator.choose_eviction`: one of the evictable cached blocks it was given.
     - `Allocator.blocks_to_admit` / `blocks_to_grow`: at least enough blocks for the tokens
       the sequence will have in its cache.
     - `Preemption.victims`: unfinished running rows, at least one while the pool is short.
@@ -78,12 +86,25 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
+    from framework.engine.prefix_cache import CachedBlock
     from framework.engine.sequence import Sequence
 
-API_VERSION = 1
+API_VERSION = 2
+
+# What API 2 renamed of API 1's view, and what a plugin writes instead. A module that
+# declares `NANOSERVE_API = 1` is loaded when it uses none of these (`registry`), and
+# otherwise refused with the line to change. API 1's `Scheduler.chunks_prefill` flag is
+# no longer read: overriding `chunk` is what chunks.
+RENAMED_IN_2 = {
+    "tokens_for": "view.chunk(seq, budget)",
+    "allocator_admits": "view.admits(seq, free_blocks)",
+    "chunk_rule": "view.chunk(seq, budget)",
+    "planned_tokens": "view.step_tokens()",
+}
 
 
 class PolicyError(RuntimeError):
@@ -126,9 +147,22 @@ class QueueView(Seq["Sequence"]):
         return self._queue[index]
 
 
+class ViewRules(Protocol):
+    """The engine's answers to the questions a view may be asked. A view built by hand has
+    none: then nothing is cached, a chunk is all that is pending, and every admission that
+    fits is admitted."""
+
+    def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int: ...
+
+    def cached_tokens(self, seq: Sequence) -> int: ...
+
+    def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool: ...
+
+
 @dataclass(frozen=True)
 class EngineView:
-    """A snapshot of engine state for one decision. Do not mutate what it holds."""
+    """A snapshot of engine state for one decision. It only reads: what it reports of a
+    sequence (its cached prefix, its chunk) the engine looks up and records itself."""
 
     now: float
     step: int
@@ -141,52 +175,42 @@ class EngineView:
     max_num_batched_tokens: int
     blocks_to_admit: Callable[[Sequence], int]  # the allocator's price of admitting a sequence
     last_step: Any = None  # the previous step's StepStats (measured counts and phase seconds)
-    # Optional (API 1 additions; None where a view is built by hand):
-    # the scheduler's chunk rule, `chunk(seq, budget)` -> tokens of seq's next forward;
-    chunk_rule: Callable[[Sequence, int], int] | None = None
-    # the running rows' tokens in the next forward once their chunks are chosen (admission).
-    planned_tokens: int | None = None
-    # the prefix cache's lookup, `cached(seq)` -> tokens of seq found cached (None: no cache).
-    cached: Callable[[Sequence], int] | None = None
-    # the allocator's veto, `admits(seq, free_blocks)` (None: every admission that fits).
-    admits: Callable[[Sequence, int], bool] | None = None
+    # The engine's side of `chunk`, `cached_tokens` and `admits` (None: a view built by hand).
+    rules: ViewRules | None = None
+    # The running rows' tokens in the next forward once their chunks are chosen: set in the
+    # admission view, where `step_tokens()` returns it.
+    planned: int | None = None
 
-    def allocator_admits(self, seq: Sequence, free_blocks: int) -> bool:
+    def admits(self, seq: Sequence, free_blocks: int) -> bool:
         """Whether the allocator lets `seq` in with `free_blocks` left after this step's
         earlier admissions (`Allocator.admits`: a watermark, say). `admit_in_order` asks."""
-        return True if self.admits is None else self.admits(seq, free_blocks)
+        return True if self.rules is None else self.rules.admits(self, seq, free_blocks)
+
+    def chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` would compute in the next forward with `budget` tokens of the step
+        left: the scheduler's `Scheduler.chunk`, as the engine will ask it. What
+        `admit_in_order` charges a waiting request; under a prefix cache, only what it does
+        not find cached."""
+        return seq.step_tokens if self.rules is None else self.rules.chunk(self, seq, budget)
 
     def cached_tokens(self, seq: Sequence) -> int:
         """How many of `seq`'s leading tokens the prefix cache holds now (whole blocks, at
         most its length minus one); 0 without a prefix cache. A cache-aware scheduler's
         signal (`scheduler=lpm`). Each call hashes the prompt's blocks: cheap for a few,
-        not for every request of a long queue. For a waiting request it also sets what
-        its `step_tokens` leaves out (`Sequence.cached_prefix`)."""
-        return 0 if self.cached is None else self.cached(seq)
+        not for every request of a long queue."""
+        return 0 if self.rules is None else self.rules.cached_tokens(seq)
 
     def step_tokens(self) -> int:
         """Tokens the running rows will put in the next forward: in the admission view,
-        their chunks as the scheduler chose them (a prefill served whole counts whole).
-        Summed once per view (a view is a snapshot; the engine asks again for its checks)."""
-        if self.planned_tokens is not None:
-            return self.planned_tokens
-        got = self.__dict__.get("_step_tokens")
-        if got is None:
-            got = sum(s.step_tokens for s in self.running)
-            object.__setattr__(self, "_step_tokens", got)
-        return got
+        their chunks as the scheduler chose them (a prefill served whole counts whole)."""
+        if self.planned is not None:
+            return self.planned
+        return self._running_tokens
 
-    def tokens_for(self, seq: Sequence, budget: int) -> int:
-        """Tokens `seq` would compute in the next forward with `budget` tokens of the step
-        left: the scheduler's `Scheduler.chunk`, or all it has pending where the view has no
-        chunk rule. What `admit_in_order` charges a waiting request: under a prefix cache,
-        only what it does not find cached (looked up now, so `seq.step_tokens` and the
-        chunk rule see the same)."""
-        if self.cached is not None:
-            self.cached(seq)
-        if self.chunk_rule is None:
-            return seq.step_tokens
-        return self.chunk_rule(seq, budget)
+    @cached_property
+    def _running_tokens(self) -> int:
+        """Summed once per view: a view is a snapshot."""
+        return sum(s.step_tokens for s in self.running)
 
 
 class Scheduler(ABC):
@@ -205,19 +229,17 @@ class Scheduler(ABC):
     def admit(self, view: EngineView) -> list[Sequence]:
         """Waiting sequences to admit now, in order. The engine checks every budget again."""
 
-    # True when `chunk` may split a prefill: the engine then serves a request longer than
-    # `engine.max_num_batched_tokens` (in chunks) instead of rejecting it up front.
-    chunks_prefill: bool = False
-
     def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
         """How many of `seq`'s pending tokens (`seq.step_tokens`: a prompt, or on a recompute
         the prompt and what was generated) the next forward computes, with `budget` tokens
-        of the step left. Optional (chunked prefill); the default computes them all.
+        of the step left. Default: all of them. Overriding it is all chunked prefill takes:
+        the engine then serves a request longer than `engine.max_num_batched_tokens` in
+        chunks instead of rejecting it up front.
 
         Asked, in Sarathi's order, for each running row part way through its prefill (after
         every decode row's one token is set aside, in running order), then for each
         sequence `admit` returned (in its order; `admit_in_order` asks the same through
-        `view.tokens_for`). Return 1..seq.step_tokens; the step's total must stay within
+        `view.chunk`). Return 1..seq.step_tokens; the step's total must stay within
         `max_num_batched_tokens`. A row that stops short of its end samples nothing this
         step (no token, no seeded draw, no stop check) and continues in the next forward
         from where it stopped, over the K/V already in its blocks."""
@@ -234,27 +256,28 @@ class Scheduler(ABC):
 class Allocator(ABC):
     """Prices blocks. The engine does the allocating; this says how many."""
 
-    # Optional (API 1 addition): True asks the engine for a prefix-caching pool
-    # (`framework/engine/prefix_cache.py`): full blocks are published under chained hashes
-    # once written, and an admitted sequence shares the cached blocks its prompt starts with.
-    # The engine then charges `blocks_to_admit` less the hits on blocks another table holds,
-    # and starts the row's forward after its cached blocks (`allocator=prefix_cache`).
+    # True asks the engine for a prefix-caching pool (`framework/engine/prefix_cache.py`):
+    # full blocks are published under chained hashes once written, and an admitted sequence
+    # shares the cached blocks its prompt starts with. The engine then charges
+    # `blocks_to_admit` less the hits on blocks another table holds, and starts the row's
+    # forward after its cached blocks (`allocator=prefix_cache`).
     caches_prefixes: bool = False
 
-    # Optional (API 1 addition), with `caches_prefixes`: an eviction order of one's own,
-    # `choose_eviction(cached) -> block`, given the evictable cached blocks (each a
-    # `CachedBlock`: block, depth in its prefix, hits, when freed; least recently freed
-    # first) whenever the pool needs one. None: least recently freed first, in O(1); a
-    # policy's order costs O(cached blocks) per eviction.
-    choose_eviction: Callable[[list[Any]], int] | None = None
-
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
-        """Optional (API 1 addition): may `seq` be admitted now, with `free_blocks` free
-        after this step's earlier admissions and `view.blocks_to_admit(seq)` its price? An
-        allocator declines here what pricing alone cannot say, such as vLLM's watermark
-        (keep a share of the pool free for the running rows' growth, so that admitting does
-        not trigger preemption at the next step). Default: every admission that fits."""
+        """May `seq` be admitted now, with `free_blocks` free after this step's earlier
+        admissions and `view.blocks_to_admit(seq)` its price? An allocator declines here
+        what pricing alone cannot say, such as vLLM's watermark (keep a share of the pool
+        free for the running rows' growth, so that admitting does not trigger preemption at
+        the next step). Default: every admission that fits."""
         return True
+
+    def choose_eviction(self, cached: list[CachedBlock]) -> int:
+        """With `caches_prefixes`: the cached block to evict when the pool needs one, given
+        the evictable blocks (each a `CachedBlock`: block, depth in its prefix, hits, when
+        freed), least recently freed first. Default: the least recently freed, which the
+        pool takes in O(1) without asking; an order of one's own costs O(cached blocks) per
+        eviction."""
+        return cached[0].block
 
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
@@ -316,6 +339,20 @@ class OutputPolicy(ABC):
     def window(self) -> float:
         """The window in force (for logs): the most steps this policy lets stay held."""
         return 0.0
+
+
+def overrides(policy: Any, base: type, name: str) -> bool:
+    """Whether `policy` has a `name` of its own rather than `base`'s default. The engine
+    skips a default that cannot change anything (a `displace` naming no one, a `chunk` that
+    computes everything) and its view; a policy that is no `base` at all counts as one that
+    overrides, so it is asked, and fails, as it would have. A guarded policy is looked at
+    through its guard."""
+    unguarded = getattr(type(policy), "unguarded", None)
+    try:
+        own = policy.unguarded(name) if unguarded is not None else getattr(policy, name)
+    except AttributeError:
+        return True
+    return getattr(own, "__func__", None) is not getattr(base, name)
 
 
 GROUPS: dict[str, type] = {

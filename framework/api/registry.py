@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework.api import hookspecs
+from framework.api.compat import v1_problem
 from framework.api.policy import API_VERSION, GROUPS, PolicyConfig
 
 _HOOK_OF_GROUP = {
@@ -103,6 +104,7 @@ def load_plugins(group: str = hookspecs.PROJECT) -> LoadedPlugins:
 
     A plugin that fails to import (or declares another policy API version) is recorded with
     its distribution and error, and skipped: one broken package never takes the tool down.
+    A module written for API 1 that uses nothing API 2 renamed loads as it is.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -116,16 +118,15 @@ def load_plugins(group: str = hookspecs.PROJECT) -> LoadedPlugins:
             errors.append(LoadError(ep.name, ep.value, dist, f"{type(exc).__name__}: {exc}"))
             continue
         wanted = getattr(plugin, API_ATTRIBUTE, API_VERSION)
-        if wanted != API_VERSION:
-            errors.append(
-                LoadError(
-                    ep.name,
-                    ep.value,
-                    dist,
-                    f"it is written for policy API {wanted}; this nanoserve provides "
-                    f"API {API_VERSION}",
-                )
+        why = None
+        if wanted == 1:
+            why = v1_problem(plugin)
+        elif wanted != API_VERSION:
+            why = (
+                f"it is written for policy API {wanted}; this nanoserve provides API {API_VERSION}"
             )
+        if why is not None:
+            errors.append(LoadError(ep.name, ep.value, dist, why))
             continue
         if pm.is_registered(plugin):  # the same module reached through two paths
             continue

@@ -3,11 +3,21 @@
 Ownership is recorded per block, so a double allocation or a free of a block one does not
 own is caught at the moment it happens, naming both parties, instead of surfacing later
 as one request reading another's keys.
+
+The pool is also where prefix caching lives, behind one interface: this pool caches nothing
+(a lookup finds no block, publishing keeps none), `PrefixCachingPool` shares published
+blocks. The engine asks either the same questions and never asks which one it has.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.engine.counters import Counters
+    from framework.engine.sequence import Sequence
 
 
 class BlockPoolError(RuntimeError):
@@ -15,6 +25,8 @@ class BlockPoolError(RuntimeError):
 
 
 class BlockPool:
+    evictions = 0  # cached blocks whose prefix was dropped for a fresh allocation
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"engine.num_blocks must be >= 1, got {num_blocks}")
@@ -62,6 +74,31 @@ class BlockPool:
             owners[b] = None
         self._free.extend(blocks)
 
+    # ---- the prefix cache's interface: a pool that caches nothing ------------------------
+    def cached_blocks(self, seq: Sequence) -> list[int]:
+        """The cached blocks holding `seq`'s leading full blocks: none here."""
+        return []
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """How many of `seq`'s leading tokens are cached: none here."""
+        return 0
+
+    def in_use(self, blocks: Seq[int]) -> int:
+        """How many of the cached `blocks` some table holds: none are cached here."""
+        return 0
+
+    def share(self, owner: str, blocks: Seq[int]) -> None:
+        """`owner`'s table takes cached blocks: there are none to take here."""
+        if blocks:
+            raise BlockPoolError(f"{owner} shared blocks {list(blocks)} of a pool that caches none")
+
+    def publish_written(self, running: list[Sequence], counters: Counters) -> None:
+        """The running rows' written full blocks become reusable: nothing is kept here."""
+
+    def count_admission(self, seq: Sequence, counters: Counters) -> None:
+        """An admission's prefix lookup, for the run's hit rate: nothing is looked up here."""
+
+    # ---- inspection ----------------------------------------------------------------------
     def owners(self) -> dict[str, list[int]]:
         held: dict[str, list[int]] = {}
         for b, o in enumerate(self._owner):

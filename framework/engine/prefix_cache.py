@@ -22,13 +22,19 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from framework.engine.block_pool import BlockPool, BlockPoolError
 
+if TYPE_CHECKING:
+    from framework.engine.counters import Counters
+    from framework.engine.sequence import Sequence
 
-def block_hash(parent: bytes, tokens: Sequence[int], salt: bytes) -> bytes:
+
+def block_hash(parent: bytes, tokens: Seq[int], salt: bytes) -> bytes:
     """The chained hash of one full block: its parent's hash, its token ids, the salt."""
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(salt)
@@ -99,7 +105,7 @@ class PrefixCachingPool(BlockPool):
         return len(self._owners[block])
 
     # ---- lookup and sharing --------------------------------------------------------------
-    def match(self, tokens: Sequence[int], max_blocks: int) -> list[int]:
+    def match(self, tokens: Seq[int], max_blocks: int) -> list[int]:
         """The cached blocks holding `tokens`' leading full blocks, at most `max_blocks`:
         a chain of hits from the first block, stopping at the first miss."""
         bs = self.block_size
@@ -115,11 +121,43 @@ class PrefixCachingPool(BlockPool):
             parent = h
         return hits
 
-    def in_use(self, blocks: Sequence[int]) -> int:
+    def cached_blocks(self, seq: Sequence) -> list[int]:
+        """The cached blocks holding `seq`'s leading full blocks. At most (tokens - 1) //
+        block_size: the last token is always computed, so the row samples from its own
+        forward and never writes into a shared block."""
+        return self.match(seq.tokens_from(0), (seq.num_tokens - 1) // self.block_size)
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """`seq`'s leading tokens found cached now (whole blocks)."""
+        return len(self.cached_blocks(seq)) * self.block_size
+
+    def publish_written(self, running: list[Sequence], counters: Counters) -> None:
+        """Full blocks whose K/V this step wrote, and whose tokens the host knows (not the
+        held ones), become reusable: published under their chained hash. Each row's
+        `prefix_published` is this pool's mark of how far it has published its table."""
+        bs = self.block_size
+        for seq in running:
+            known = min(seq.num_computed, seq.num_tokens)
+            if known // bs > seq.prefix_published:
+                seq.prefix_published = self.publish(
+                    seq.id, seq.block_table, seq.tokens_between(0, known), seq.prefix_published
+                )
+        counters.prefix_evictions = self.evictions
+
+    def count_admission(self, seq: Sequence, counters: Counters) -> None:
+        """At a first admission the prompt's tokens are looked up and the cached ones found
+        are hits; at a re-admission after a preemption they are recomputation saved."""
+        if seq.preemptions:
+            counters.prefix_recompute_hit_tokens += seq.num_computed
+        else:
+            counters.prefix_query_tokens += seq.prompt_len
+            counters.prefix_hit_tokens += seq.num_computed
+
+    def in_use(self, blocks: Seq[int]) -> int:
         """How many of `blocks` some table holds now (sharing them takes no free block)."""
         return sum(1 for b in blocks if self._owners[b])
 
-    def share(self, owner: str, blocks: Sequence[int]) -> None:
+    def share(self, owner: str, blocks: Seq[int]) -> None:
         """`owner`'s table takes these cached blocks too: their counts go up, and an
         evictable one leaves the LRU list."""
         for b in blocks:
@@ -134,7 +172,7 @@ class PrefixCachingPool(BlockPool):
             self._hits[b] += 1
         self.peak_used = max(self.peak_used, self.num_used)
 
-    def publish(self, owner: str, table: Sequence[int], tokens: Sequence[int], start: int) -> int:
+    def publish(self, owner: str, table: Seq[int], tokens: Seq[int], start: int) -> int:
         """Publish `owner`'s full blocks from block `start` on whose K/V is written: the
         caller passes the tokens of the written positions only. Returns how many of the
         table's blocks are now published or were already (the next call's `start`). A block

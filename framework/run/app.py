@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from framework.api.faults import guard_hooks
+from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import WallClock
@@ -130,7 +131,9 @@ def build_engine(
     if getattr(policies.allocator, "caches_prefixes", False):  # allocator=prefix_cache
         # The salt keeps two models' or dtypes' K/V apart, should one pool ever serve both.
         salt = f"{cfg.model.source}:{cfg.model.get('path')}:{dtype}"
-        choose = getattr(policies.allocator, "choose_eviction", None)  # its own order, if any
+        # An eviction order of its own, if any (the default is the pool's O(1) LRU).
+        own = overrides(policies.allocator, Allocator, "choose_eviction")
+        choose = policies.allocator.choose_eviction if own else None
         pool: BlockPool = PrefixCachingPool(num_blocks, e.block_size, salt, choose)
     else:
         pool = BlockPool(num_blocks, e.block_size)
@@ -173,7 +176,7 @@ def check_before_loading(cfg: DictConfig) -> None:
     sizes and the pool are both known without the model) whether any request fits."""
     check_run(cfg)
     policies = build_policies(cfg)
-    chunks = bool(getattr(policies.scheduler, "chunks_prefill", False))
+    chunks = overrides(policies.scheduler, Scheduler, "chunk")
     check_window(cfg)
     resolve_device(cfg.device)
     resolve_dtype(cfg.dtype)
@@ -204,9 +207,7 @@ def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec])
         num_blocks=engine.pool.num_blocks,
         block_size=engine.pool.block_size,
         max_model_len=engine.limits.max_model_len,
-        max_num_batched_tokens=None
-        if engine.chunks_prefill
-        else engine.limits.max_num_batched_tokens,
+        max_num_batched_tokens=None if engine.chunks else engine.limits.max_num_batched_tokens,
         pool_source=source,
     )
 

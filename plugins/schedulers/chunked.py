@@ -34,8 +34,6 @@ class ChunkedConfig(PolicyConfig):
 class ChunkedScheduler(Scheduler):
     """Chunked prefill (Sarathi-Serve): decodes first, then unfinished chunks, then new prefills."""
 
-    chunks_prefill = True
-
     def __init__(self, cfg: ChunkedConfig) -> None:
         super().__init__(cfg)
         if cfg.chunk_size is not None and cfg.chunk_size < 1:

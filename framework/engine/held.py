@@ -1,0 +1,173 @@
+"""Held-token output: each step's sampled tokens stay on the device until the output policy
+lets them come home, and then reach their requests.
+
+`HeldTokens` owns the held steps and the step's bookkeeping of what arrived: the tokens kept
+and the requests they finished, however many drains the step made (the rows may change at
+eviction, growth, displacement or admission, and every held token must reach its request
+first). The engine reads the step's totals once, with `take`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from framework.api.policy import OutputView
+from framework.engine.clock import Clock
+from framework.engine.costs import CostModel
+from framework.engine.counters import Counters
+from framework.engine.frozen import make_frozen
+from framework.engine.invariants import InvariantError
+from framework.engine.phases import PhaseTimer
+from framework.engine.readback import Pending, Readback
+from framework.engine.sequence import Sequence, Status
+
+
+@dataclass
+class HeldStep:
+    """Sampled tokens of one step still on the device, and the rows that produced them."""
+
+    rows: list[Sequence]
+    discard: list[bool]  # rows whose token nobody keeps
+    pending: Pending
+    window: float  # the output policy's window when these were sampled
+    # When these tokens exist on the device, on a virtual clock whose device runs apart
+    # from the host (`VirtualClock.overlap`); unread otherwise.
+    ready_at: float = 0.0
+
+    @property
+    def kept_rows(self) -> int:
+        return len(self.discard) - sum(self.discard)
+
+
+Drained = list[tuple[HeldStep, list[int]]]
+
+
+class HeldTokens:
+    """The held steps, oldest first, and what this step's drains delivered."""
+
+    def __init__(
+        self,
+        readback: Readback,
+        costs: CostModel,
+        clock: Clock,
+        counters: Counters,
+        timer: PhaseTimer,
+    ) -> None:
+        self.steps: list[HeldStep] = []
+        self.readback = readback
+        self.costs = costs
+        self.clock = clock
+        self.counters = counters
+        self.timer = timer  # a simulator's predicted readbacks and waits are charged to it
+        # A readback's seconds as the executor predicts them (a simulator: it does none);
+        # None: timed as it happens. Set when a run starts.
+        self.readback_s: float | None = None
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        """A new step: nothing delivered yet."""
+        self.kept = 0
+        self.finished: list[Sequence] = []
+
+    def take(self) -> tuple[int, list[Sequence]]:
+        """This step's tokens kept and requests finished, over all its drains."""
+        return self.kept, self.finished
+
+    @property
+    def newest(self) -> HeldStep | None:
+        return self.steps[-1] if self.steps else None
+
+    def hold(
+        self, rows: list[Sequence], discard: list[bool], tokens: object, window: float, at: float
+    ) -> None:
+        """A step's sampled tokens join the held steps; their copy home starts now."""
+        held = HeldStep(rows, discard, self.readback.start(tokens), window, at)  # type: ignore[arg-type]
+        self.steps.append(held)
+        self.counters.deferred_tokens += held.kept_rows
+        self.counters.held_tokens += held.kept_rows
+
+    def view(self, step: int, running: list[Sequence]) -> OutputView:
+        """What the output policy decides from."""
+        return make_frozen(
+            OutputView,
+            step=step,
+            held_steps=len(self.steps),
+            running=tuple(running),
+            transfer_s=self.costs.transfer_s,
+            row_s=self.costs.row_s,
+        )
+
+    def drain_all(self) -> None:
+        """Every held token home and given to its request: the rows are about to change."""
+        if self.steps:
+            self.apply(self.drain(len(self.steps)))
+
+    def drain(self, n: int) -> Drained:
+        """The `n` oldest held steps home in one concatenation and one transfer: each step
+        with its rows' values, for `apply`."""
+        if n <= 0 or not self.steps:
+            return []
+        out_steps, self.steps = self.steps[:n], self.steps[n:]
+        t = time.perf_counter()
+        values = self.readback.fetch([h.pending for h in out_steps])
+        if self.readback_s is None:
+            self.costs.observe_transfer(time.perf_counter() - t)
+        else:  # a simulator prices the readback it does not do, on its clock
+            waited, copy = self.clock.fetched(out_steps[-1].ready_at, self.readback_s)
+            self.costs.observe_transfer(waited + copy)  # what a real drain's timer reads
+            self.timer.readback += copy
+            self.timer.wait += waited
+        self.counters.transfers += 1
+        rows = sum(len(h.rows) for h in out_steps) if len(out_steps) > 1 else len(out_steps[0].rows)
+        if len(values) != rows:
+            raise InvariantError(f"readback brought {len(values)} tokens for {rows} rows")
+        if len(out_steps) == 1:  # immediate output: every step, one held step
+            return [(out_steps[0], values)]
+        drained: Drained = []
+        i = 0
+        for h in out_steps:
+            j = i + len(h.rows)
+            drained.append((h, values[i:j]))
+            i = j
+        return drained
+
+    def apply(self, drained: Drained) -> None:
+        """Tokens reach their requests; stop and length checks; finish times stamped.
+
+        A token for a request whose stop token already arrived is overshoot: computed because
+        the window kept the host from seeing the stop in time. One pass a held step, row by
+        row (no tuple a row: at trace scale this runs for every row of every step).
+        """
+        now = self.clock.now()
+        kept = 0
+        finished = self.finished
+        counters = self.counters
+        for h, values in drained:
+            window = h.window
+            counters.held_tokens -= h.kept_rows
+            for seq, discard, token in zip(h.rows, h.discard, values, strict=True):
+                if discard:
+                    continue
+                seq.num_held -= 1
+                if seq.finish_reason is not None:
+                    counters.overshoot_tokens += 1
+                    continue
+                out = seq.output_token_ids
+                out.append(token)
+                seq.token_times.append(now)
+                if seq.first_token_at is None:
+                    seq.first_token_at = now
+                kept += 1
+                if token in seq._stop_ids:  # `seq.stop_ids()`, inlined (every token)
+                    seq.finish_reason = "stop"
+                    if window >= 1:
+                        counters.expected_overshoot += (window + 1) / 2
+                elif len(out) >= seq._max_tokens:
+                    seq.finish_reason = "length"
+                if seq.finish_reason:
+                    seq.status = Status.FINISHED
+                    seq.finished_at = now
+                    finished.append(seq)
+        counters.tokens_kept += kept
+        self.kept += kept
