@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: the CUDA path checked, and two measured GPU profiles.
 #
-# Here, first: python -m experiments.device_kit   (packs .device_kit/, about 21 MiB)
+# Here, first: python -m experiments.device_kit   (packs .device_kit/)
 # Then one device call, from the repository root:
 #   command: bash experiments/device_session.sh     carry: [".device_kit"]     timeout_s: 590
 #
@@ -45,7 +45,7 @@ SMOL=(model=hf "model.path=$KIT/smollm2" model.random_weights=true)
 EIGHT=(model=hf "model.path=$KIT/llama-8b" model.random_weights=true)
 CAL=(--wait-budget 0 --passes 1 "device=$DEVICE" dtype=bfloat16)
 
-# (its CPU reference run skips the C++ decode kernel: a minute of compiling, and not what
+# (its CPU reference run skips the C++ decode kernel: its compiling takes long, and is not what
 # this call is for)
 step 120 cuda_check "$PY" -m experiments.cuda_check --out "$OUT" "${SMOL[@]}" \
     engine.paged_kernel=false

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments import benchmark, benchmark_report
-from experiments.machine_probe import Probe
-from experiments.peers import Served
+from experiments.bench import benchmark
+from experiments.bench import report as benchmark_report
+from experiments.bench.peers import Served
+from experiments.bench.probe import Probe
+from experiments.bench.rows import TIMES, make_row
+from experiments.toolkit.paths import DEFAULT_TRACE
+from experiments.toolkit.workloads import fit, open_loop
 from framework.engine.request import RequestSpec, SamplingParams
 
 SYSTEMS = [
@@ -76,11 +80,11 @@ def test_benchmark_reports_every_target_on_the_tiny_model(
 ) -> None:
     # The Azure slice needs the trace beside the repository (../shared, as in CI); a checkout
     # without it still runs the rest.
-    has_trace = benchmark.DEFAULT_TRACE.is_file()
+    has_trace = DEFAULT_TRACE.is_file()
     workloads = TARGET_WORKLOADS if has_trace else ("chat48",)
     dtypes = ("float32", "bfloat16")
-    rows, md = run_benchmark(tmp_path, workloads, dtypes, "--repeats", "2")
-    # The reference and the peers (the targets' ratios) report the median of --repeats runs.
+    rows, md = run_benchmark(tmp_path, workloads, dtypes, "--rounds", "2")
+    # The reference and the peers (the targets' ratios) report the median of --rounds rounds.
     for r in rows:
         assert ("median of 2 runs" in r["note"]) == (r["scheduler"] != "static"), r
     for name in (*benchmark_report.TARGETS, *benchmark_report.ACROSS):
@@ -99,10 +103,10 @@ def test_benchmark_reports_every_target_on_the_tiny_model(
 
 
 def test_benchmark_serves_the_straggler_and_the_open_loop(tmp_path: Path) -> None:
-    has_trace = benchmark.DEFAULT_TRACE.is_file()
+    has_trace = DEFAULT_TRACE.is_file()
     workloads = ("straggler", "azure_open") if has_trace else ("straggler",)
     _, md = run_benchmark(
-        tmp_path, workloads, ("float32",), "--repeats", "1", "--no-probe", "--no-default-job"
+        tmp_path, workloads, ("float32",), "--rounds", "1", "--no-probe", "--no-default-job"
     )
     for section in ("## float32: results", *(f"### {w}" for w in workloads)):
         assert section in md
@@ -111,27 +115,27 @@ def test_benchmark_serves_the_straggler_and_the_open_loop(tmp_path: Path) -> Non
 
 
 def test_lengths_fit_the_caps() -> None:
-    assert benchmark.fit([100, 50, 400], 40, "scale") == [10, 5, 40]
-    assert benchmark.fit([100, 50, 400], 40, "clamp") == [40, 40, 40]
-    assert benchmark.fit([3, 0], 40, "scale") == [3, 1]
+    assert fit([100, 50, 400], 40, "scale") == [10, 5, 40]
+    assert fit([100, 50, 400], 40, "clamp") == [40, 40, 40]
+    assert fit([3, 0], 40, "scale") == [3, 1]
 
 
 def test_open_loop_keeps_requests_and_spreads_arrivals() -> None:
     specs = [RequestSpec(f"r{i}", [1, 2], SamplingParams(max_tokens=3)) for i in range(20)]
-    arrived = benchmark.open_loop(specs, rate=5.0, seed=0)
+    arrived = open_loop(specs, rate=5.0, seed=0)
     assert [s.id for s in arrived] == [s.id for s in specs]
     times = [s.arrival for s in arrived]
     assert times[0] == 0.0 and times == sorted(times) and times[-1] > 0
-    assert arrived == benchmark.open_loop(specs, rate=5.0, seed=0)
+    assert arrived == open_loop(specs, rate=5.0, seed=0)
 
 
 def test_a_system_that_differs_reports_no_times() -> None:
     specs = [RequestSpec("r0", [1, 2], SamplingParams(max_tokens=2))]
     served = Served({"r0": [5, 6]}, {"r0": 0.0}, {"r0": 0.1}, {"r0": 0.2}, wall_s=0.2)
     why = "r0: token 1 differs"
-    row = benchmark.make_row("hf_cb", None, "straggler", specs, (False, 0, why), served)
+    row = make_row("hf_cb", None, "straggler", specs, (False, 0, why), served)
     assert row["outputs_equal"] is False and why in row["note"]
-    assert all(row[c] is None for c in benchmark.TIMES)
+    assert all(row[c] is None for c in TIMES)
 
 
 def test_a_goal_past_the_linear_bound_is_called_out_of_reach() -> None:

@@ -17,21 +17,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments import calibrate
+from experiments.sim import calibrate, fitting, points
+from experiments.sim import grid as calibration_grid
 from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import FORMAT, ProfileError
 from framework.executors.simulated.features import NAMES, StepFeatures
+from framework.executors.simulated.linear_cost import DERIVED, LinearCost, is_compute, term_value
 from framework.executors.simulated.load import load_cost_model
-from framework.executors.simulated.profile import (
-    DERIVED,
-    LinearCost,
-    MeasuredProfile,
-    Sample,
-    fit_host,
-    is_compute,
-    nnls,
-    term_value,
-)
+from framework.executors.simulated.profile import MeasuredProfile, Sample, fit_host, nnls
 from framework.tracking.machine import ISA
 
 
@@ -196,7 +189,7 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
     assert isinstance(loaded, MeasuredProfile) and loaded.kind == "measured"
     with raw.open() as f:
         rows = list(csv.DictReader(f))
-    grid = calibrate.quick_grid()
+    grid = calibration_grid.quick_grid()
     assert {r["point"] for r in rows} == {p.name for p in grid}
     for r in rows:
         feat = StepFeatures(**{k: int(r[k]) for k in NAMES})
@@ -222,7 +215,7 @@ def test_quick_calibration_writes_a_profile_that_loads_back(tmp_path: Path) -> N
     fit = data["fit"]
     assert fit["drift"] == "probes" and "measured_forward_holdout_mape" in fit
     assert fit["holdout_points"] > 0 and fit["points"] > fit["holdout_points"]
-    assert set(data["prepare"]["per"]) == set(calibrate.PREPARE_TERMS)
+    assert set(data["prepare"]["per"]) == set(fitting.PREPARE_TERMS)
     for key in (
         "forward_holdout_mape",
         "forward_holdout_max",
@@ -350,13 +343,13 @@ def test_the_full_grid_prices_a_prefill_row_apart_from_its_tokens(tiny: Any) -> 
     loaded = (model, tok, torch.device("cpu"), torch.float32)
     rng = np.random.default_rng(0)
     samples = []
-    for point in calibrate.full_grid():
+    for point in calibration_grid.full_grid():
         if point.holdout:
             continue
-        for feat, *_ in calibrate.serve_point(["model=tiny"], loaded, point, 0).steps:
+        for feat, *_ in points.serve_point(["model=tiny"], loaded, point, 0).steps:
             noisy = ROW_PRICED.seconds(feat) * float(rng.lognormal(0.0, 0.03))
             samples.append(Sample(feat, noisy, 1e-4, point.name))
-    fitted = MeasuredProfile.fit(samples, {}, forward_terms=calibrate.CPU_PACKED_TERMS).forward
+    fitted = MeasuredProfile.fit(samples, {}, forward_terms=fitting.CPU_PACKED_TERMS).forward
     for rows, prompt in ((8, 5), (16, 3), (12, 5), (1, 40), (4, 16)):
         step = prefill_step(rows, prompt)
         error = fitted.seconds(step) / ROW_PRICED.seconds(step) - 1
@@ -420,23 +413,23 @@ def test_the_probes_take_each_run_to_the_grids_median_state() -> None:
                 reference[0] * slow_memory * rng.lognormal(0.0, 0.01),
                 reference[1] * slow_compute * rng.lognormal(0.0, 0.01),
             )
-            point = calibrate.Point(f"g{i}", (), (), 1, holdout=i < 8)
-            runs.append(calibrate.Measured(point, timed, [], 0.0, 0.0, probes=probes))
+            point = calibration_grid.Point(f"g{i}", (), (), 1, holdout=i < 8)
+            runs.append(points.PointRun(point, timed, [], 0.0, 0.0, probes=probes))
     held = [f"g{i}" for i in range(8)]
     terms = list(TRUE.per)
-    measured = [calibrate.at_reference(m) for m in runs]
+    measured = [fitting.at_reference(m) for m in runs]
     first = MeasuredProfile.fit(flat(measured), {}, forward_terms=terms, holdout=held)
-    steady = [calibrate.at_reference(m, reference, first.forward) for m in runs]
+    steady = [fitting.at_reference(m, reference, first.forward) for m in runs]
     second = MeasuredProfile.fit(flat(steady), {}, forward_terms=terms, holdout=held)
     # Each step as the reference state runs it: the truth, to the probes' and steps' noise.
     for s in flat(steady)[:50]:
         assert s.forward_s == pytest.approx(TRUE.seconds(s.features), rel=0.06)
     assert second.fit_report["forward_holdout_mape"] < 0.03
     assert second.fit_report["forward_holdout_mape"] < first.fit_report["forward_holdout_mape"] / 3
-    spread_measured = calibrate.pass_spread(runs, measured)
-    spread_steady = calibrate.pass_spread(runs, steady)
+    spread_measured = fitting.pass_spread(runs, measured)
+    spread_steady = fitting.pass_spread(runs, steady)
     assert spread_measured is not None and spread_steady is not None
     assert spread_steady < 0.05 < spread_measured
     # Without probes (a run the gate did not probe), a run's steps are kept as measured.
     bare = dataclasses.replace(runs[0], probes=None)
-    assert calibrate.at_reference(bare, reference, first.forward) == calibrate.at_reference(bare)
+    assert fitting.at_reference(bare, reference, first.forward) == fitting.at_reference(bare)

@@ -7,6 +7,7 @@ add up; a chunk rule that breaks the contract is stopped by name."""
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from typing import Any
 
@@ -88,8 +89,14 @@ def test_greedy_matches_hf_generate_with_prompts_over_the_budget(
     assert max(st.prefill_tokens + st.decode_tokens for st in res.steps) <= 24
     if not s["preemptions"]:  # each prompt token computed once, in its chunks
         assert s["prefill_tokens"] == sum(len(p.prompt_token_ids) for p in specs)
-    # A prompt over the budget takes at least as many chunks as the budget divides it into.
-    assert s["prefill_chunks"] >= sum(-(-len(p.prompt_token_ids) // 24) for p in specs)
+    # Every piece is at most the chunk size and the step's budget, and at least one token:
+    # a prompt takes at least ceil(prompt / min(chunk, budget)) pieces (more when a step's
+    # decodes leave less room, or when a preempted request is prefilled again), and there
+    # are at most as many pieces as tokens prefilled.
+    cap = 24 if chunk == "null" else min(int(chunk), 24)
+    fewest = sum(-(-len(p.prompt_token_ids) // cap) for p in specs)
+    assert fewest <= s["prefill_chunks"] <= s["prefill_tokens"]
+    assert s["prefill_chunks"] == sum(st.prefill_rows for st in res.steps)
     if chunk == "1":
         assert s["prefill_chunks"] == s["prefill_tokens"]
     if "engine.num_blocks=21" in extra:
@@ -183,9 +190,7 @@ def test_chunk_size_is_checked(capsys: Any) -> None:
 
 
 class ChunkedSJF(SJFScheduler):
-    """docs/plugins.md: any scheduler chunks with three lines."""
-
-    chunks_prefill = True
+    """docs/plugins.md: any scheduler chunks with two lines, by overriding `chunk`."""
 
     def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
         return chunk_prefill(seq, budget, 5)
@@ -209,13 +214,52 @@ def third_party(tiny: Any, cls: type[Scheduler], *over: str) -> Any:
     return engine
 
 
+def prefill_pieces(batches: list[Any]) -> dict[str, list[tuple[int, int]]]:
+    """Each request's prefill rows in step order, as (start position, tokens)."""
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for b in batches:
+        for r in b.rows:
+            if r.in_prefill:
+                pieces.setdefault(r.seq_id, []).append((r.start_pos, len(r.token_ids)))
+    return pieces
+
+
 def test_a_third_party_scheduler_chunks_through_the_same_support(tiny: Any, reference: Any) -> None:
+    """ChunkedSJF cuts every prefill to at most 5 tokens: under a 16-token step each request's
+    prompt is computed once, in order, in pieces of 1..5 tokens; with room for every piece,
+    in exactly ceil(prompt / 5) pieces of 5 and a remainder, all six prompts side by side."""
     model, tok = tiny
     specs, refs = reference
+    lens = {s.id: len(s.prompt_token_ids) for s in specs}  # 45, 3, 30, 61, 9, 17
+
     engine = third_party(tiny, ChunkedSJF, "engine.max_num_batched_tokens=16")
+    spy = Spy(engine.executor)
+    engine.executor = spy
     res = engine.run(specs, tok.eos_token_id)
     check_all(model, res, refs)
-    assert summarize(res)["prefill_chunks"] >= sum(-(-len(s.prompt_token_ids) // 5) for s in specs)
+    pieces = prefill_pieces(spy.batches)
+    assert sorted(pieces) == sorted(lens)
+    for rid, got in pieces.items():
+        starts = [0, *itertools.accumulate(n for _, n in got)][:-1]
+        assert [p for p, _ in got] == starts, rid  # contiguous, each token once
+        assert sum(n for _, n in got) == lens[rid]
+        assert all(1 <= n <= 5 for _, n in got), (rid, got)
+    s = summarize(res)
+    assert s["prefill_chunks"] == sum(len(v) for v in pieces.values())
+    assert s["prefill_tokens"] == sum(lens.values()) == 165
+    assert max(st.prefill_tokens + st.decode_tokens for st in res.steps) <= 16
+
+    # Budget enough for all: pieces by hand, ceil(n / 5) each = 9 + 1 + 6 + 13 + 2 + 4.
+    engine = third_party(tiny, ChunkedSJF)
+    res = engine.run(specs, tok.eos_token_id)
+    check_all(model, res, refs)
+    s = summarize(res)
+    assert s["prefill_chunks"] == 35
+    assert s["prefill_tokens"] == 165
+    # Step k computes min(5, n - 5k) of every prompt not yet done (r1's 3 in step 0 only).
+    per_step = [sum(max(0, min(5, n - 5 * k)) for n in lens.values()) for k in range(13)]
+    assert per_step == [28, 24, 20, 17, 15, 15, 10, 10, 10, 5, 5, 5, 1]
+    assert [st.prefill_tokens for st in res.steps[:14]] == [*per_step, 0]
 
 
 def test_a_chunk_rule_that_breaks_the_contract_is_stopped_by_name(

@@ -7,10 +7,13 @@ give each request the same text whatever else shares its batch.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from itertools import product
+from typing import Any
 
 import pytest
+import torch
 
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.run.summary import summarize
@@ -127,14 +130,45 @@ def test_seeded_sampling_does_not_depend_on_batch_or_policy(tiny) -> None:
                 assert seq.output_token_ids == alone[seq.id], f"{sched}/{alloc}/{blocks} {seq.id}"
 
 
+def seeded_reference(model: Any, prompt: list[int], sp: SamplingParams) -> list[int]:
+    """Batch-1 sampling by hand on the dense model: the k-th token drawn from
+    softmax(logits / temperature) by a generator seeded from (request seed, k) alone, the
+    seed mix the engine documents (`framework/executors/sampler.py`)."""
+    ids = list(prompt)
+    out: list[int] = []
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        for k in range(sp.max_tokens):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+            probs = torch.softmax(logits / sp.temperature, dim=-1)
+            gen = torch.Generator().manual_seed(
+                (sp.seed * 0x9E3779B97F4A7C15 + k * 0x100000001B3 + 1) % (2**63 - 1)
+            )
+            token = int(torch.multinomial(probs, 1, generator=gen)[0])
+            out.append(token)
+            ids.append(token)
+    finally:
+        model.set_attn_implementation(previous)
+    return out
+
+
 def test_different_seed_changes_sampled_text(tiny) -> None:
+    """Only the seed differs between the two requests: each gets the tokens its own seed
+    draws, the same again on a second run, and the two texts differ."""
     model, tok = tiny
-    base = sampled_specs(1)[0]
-    other = RequestSpec(
-        "r0",
-        base.prompt_token_ids,
-        SamplingParams(temperature=0.9, seed=7, max_tokens=12, ignore_eos=True),
-    )
-    a = run_engine(make_cfg("model=tiny"), model, tok, [base]).seqs[0].output_token_ids
-    b = run_engine(make_cfg("model=tiny"), model, tok, [other]).seqs[0].output_token_ids
-    assert a != b
+    prompt = sampled_specs(1)[0].prompt_token_ids
+    sp = SamplingParams(temperature=0.9, seed=1000, max_tokens=12, ignore_eos=True)
+    other_sp = dataclasses.replace(sp, seed=7)
+
+    def sampled(params: SamplingParams) -> list[int]:
+        res = run_engine(make_cfg("model=tiny"), model, tok, [RequestSpec("r0", prompt, params)])
+        return res.seqs[0].output_token_ids
+
+    a, a_again, b = sampled(sp), sampled(sp), sampled(other_sp)
+    expected_a = seeded_reference(model, prompt, sp)
+    expected_b = seeded_reference(model, prompt, other_sp)
+    assert expected_a != expected_b  # the seeds really draw differently here
+    assert a == a_again == expected_a
+    assert b == expected_b

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import ab, window_sweep
+from experiments.bench import ab
+from experiments.policy import window_sweep
 from framework.engine.request import RequestSpec, SamplingParams
 
 

@@ -177,4 +177,4 @@ def test_only_a_scheduler_with_its_own_displace_is_asked() -> None:
     assert displaces(Displacing(None))  # type: ignore[arg-type]
     assert not displaces(Guarded(GreedyBadScheduler(None), "scheduler", "x", None))  # type: ignore[arg-type]
     assert displaces(Guarded(Displacing(None), "scheduler", "x", None))  # type: ignore[arg-type]
-    assert displaces(object())  # not a Scheduler: asked, as before
+    assert displaces(object())  # not a Scheduler: asked, and fails as it would

@@ -36,7 +36,6 @@ from framework.api.policy import (
     PolicyError,
     Preemption,
     Scheduler,
-    overrides,
 )
 from framework.api.registry import PluginError, Registry, UnknownPolicyError, registry
 from framework.engine.request import RequestSpec, SamplingParams
@@ -357,7 +356,6 @@ def test_overriding_chunk_alone_serves_a_long_prompt_in_chunks(tiny: Any) -> Non
         cfg = make_cfg("model=tiny", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=2")
         engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
         engine.p.scheduler = Guarded(cls(PolicyConfig()), "scheduler", "x", None)
-        engine.planner.chunks = overrides(engine.p.scheduler, Scheduler, "chunk")
         result = engine.run([spec], tok.eos_token_id)
         served[cls.__name__] = result.seqs[0]
     assert served["ContinuousScheduler"].status is Status.REJECTED

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import sim_check, sim_twins
-from experiments.benchmark import DEFAULT_TRACE
+from experiments.sim import check_cases, check_machine, check_rows, check_sides, sim_check
+from experiments.sim import twins as sim_twins
+from experiments.toolkit.paths import DEFAULT_TRACE
 from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import LinearCost, MeasuredProfile
@@ -39,12 +40,12 @@ def test_sim_check_runs_on_the_tiny_model(
 ) -> None:
     # The Azure workloads need the trace beside the repository (../shared, as in CI).
     has_trace = DEFAULT_TRACE.is_file()
-    workloads = sim_check.WORKLOADS if has_trace else ("straggler",)
+    workloads = check_cases.WORKLOADS if has_trace else ("straggler",)
     profile = tiny_profile(tmp_path / "tiny.yaml", tiny)
     out = sim_check.main(
         [
             "--quick",
-            "--repeats",
+            "--rounds",
             "1",
             "--threads",
             "1",
@@ -61,34 +62,34 @@ def test_sim_check_runs_on_the_tiny_model(
     report = (out / "sim_check.md").read_text()
     assert "- speed: executor.speed " in report
     assert "- prefill probe: 128-token prefill" in report
-    assert f"The same real runs against {sim_check.SHIPPED}:" in report
-    assert f"The same real runs against {sim_check.OWN}:" in report
+    assert f"The same real runs against {check_machine.SHIPPED}:" in report
+    assert f"The same real runs against {check_machine.OWN}:" in report
     columns, rows = rows_of(out / "sim_check.csv")
-    assert columns == list(sim_check.COLUMNS)
-    combos = sim_check.policy_combos(quick=True)
-    expected = [sim_check.Case("straggler", c, True).name for c in combos]
+    assert columns == list(check_rows.COLUMNS)
+    combos = check_cases.policy_combos(quick=True)
+    expected = [check_cases.Case("straggler", c, True).name for c in combos]
     if has_trace:
-        expected += [sim_check.Case("azure_closed", c, True).name for c in combos]
+        expected += [check_cases.Case("azure_closed", c, True).name for c in combos]
         expected += ["tight_pool continuous/incremental/immediate"]
         expected += [f"azure_open_{x} continuous/incremental/immediate" for x in ("0.5", "0.9")]
     assert [r["case"] for r in rows] == expected
     for r in rows:
         if r["closed_loop"] == "True":
             assert r["counts_equal"] == "True", r
-            for k in sim_check.COUNTS:
+            for k in check_rows.COUNTS:
                 assert r[f"{k}_real"] == r[f"{k}_sim"], (r["case"], k)
         assert r["makespan_real"] and r["makespan_sim"] and r["e2e_mape"], r
-        for m in sim_check.METRICS:
+        for m in check_rows.METRICS:
             assert r[f"{m}_verdict"] in ("met", "within real spread", "not met", "-"), r
     if has_trace:  # the tight pool does what it is for
         tight = next(r for r in rows if r["workload"] == "tight_pool")
         assert int(tight["preemptions_real"]) > 0 and int(tight["recomputed_tokens_real"]) > 0
 
     step_cols, steps = rows_of(out / "sim_check_steps.csv")
-    assert step_cols == list(sim_check.STEP_COLUMNS)
+    assert step_cols == list(check_rows.STEP_COLUMNS)
     assert {s["case"] for s in steps} == set(expected)
     pair_cols, pairs = rows_of(out / "sim_check_pairs.csv")
-    assert pair_cols == list(sim_check.PAIR_COLUMNS)
+    assert pair_cols == list(check_rows.PAIR_COLUMNS)
     closed = {r["case"]: int(r["steps_real"]) for r in rows if r["closed_loop"] == "True"}
     assert {c: sum(p["case"] == c for p in pairs) for c in closed} == closed  # one per step
     md = (out / "sim_check.md").read_text()
@@ -112,7 +113,7 @@ def test_the_compute_speed_predicts_the_prefill_probe_as_measured() -> None:
     memory and 0.15 s on compute, a machine at half its memory speed and 3/4 of its compute
     speed takes 0.1 + 0.2 = 0.3 s, 50% over the profile's 0.2 s; from that slowdown and the
     memory speed the compute speed comes back."""
-    machine = object.__new__(sim_check.Machine)
+    machine = object.__new__(check_machine.Machine)
     machine.prefill_predicted = (0.2, 0.15)
     assert machine.compute_speed(0.5, 0.5) == pytest.approx(0.75)
     assert machine.compute_speed(1.0, 0.0) == pytest.approx(1.0)  # a quiet machine
@@ -122,13 +123,13 @@ def test_the_compute_speed_predicts_the_prefill_probe_as_measured() -> None:
 
 def twin_case(
     scheduler: str, allocator: str, features: list[StepFeatures], real: float, sim: float
-) -> tuple[sim_check.Runs, dict]:
+) -> tuple[check_sides.Runs, dict]:
     """A case's runs (only what finding twins reads) and a report row with its makespan."""
-    case = sim_check.Case("azure_closed", (scheduler, allocator, "immediate"), True)
-    runs = sim_check.Runs(case, [], features=features)
+    case = check_cases.Case("azure_closed", (scheduler, allocator, "immediate"), True)
+    runs = check_sides.Runs(case, [], features=features)
     row = {"case": case.name, "counts_equal": True, "makespan_real": real}
     row |= {"makespan_sim": sim, "makespan_error": sim / real - 1}
-    row["makespan_verdict"] = sim_check.verdict(row["makespan_error"], 0.02, 0.05)
+    row["makespan_verdict"] = check_rows.verdict(row["makespan_error"], 0.02, 0.05)
     return runs, row
 
 
@@ -151,12 +152,12 @@ def test_twins_are_the_cases_that_took_the_same_steps() -> None:
     assert twins[0]["steps"] == 2
     assert twins[0]["makespan_apart"] == pytest.approx(0.2 / 2.0)
     assert twins[0]["makespan_error_max"] == pytest.approx(2.1 / 1.9 - 1)
-    assert sim_twins.misses_inside(twins, rows, ["makespan"], sim_check.NOT_MET) == (0, 1)
+    assert sim_twins.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (0, 1)
     rows[2]["makespan_real"] = 2.4  # twins further apart than the miss
     twins = sim_twins.twin_rows(runs, rows, ["makespan"])
-    assert sim_twins.misses_inside(twins, rows, ["makespan"], sim_check.NOT_MET) == (1, 1)
+    assert sim_twins.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (1, 1)
     # Counts that differ from the simulation's, or another output policy: not twins.
     rows[2]["counts_equal"] = False
     assert sim_twins.twin_rows(runs, rows, ["makespan"]) == []
-    lines = sim_twins.section([], rows, ["makespan"], sim_check.NOT_MET)
+    lines = sim_twins.section([], rows, ["makespan"], check_rows.NOT_MET)
     assert lines[-1] == "No two cases took the same steps in this check."

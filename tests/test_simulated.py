@@ -646,7 +646,7 @@ def test_the_scale_experiment_runs_a_trace_slice(
 
     if not TRACES["conv"].is_file():
         pytest.skip("the Azure traces live in ../shared, absent here")
-    main(["--limit", "40", "--traces", "conv", "--repeats", "2", "--out", str(tmp_path),
+    main(["--limit", "40", "--traces", "conv", "--rounds", "2", "--out", str(tmp_path),
           "model=tiny", f"executor.profile={H100}", "executor.any_profile=true"])  # fmt: skip
     text = (tmp_path / "sim_scale.md").read_text()
     assert "| conv | off | 40 |" in text and "| conv | on | 40 |" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from experiments import soak
+from experiments.policy import soak
 
 
 def test_short_soak_holds_every_invariant_and_reports(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from experiments.studies import STUDIES, DifferentWork, StudyReport, load_sweep, write_report
+from experiments.policy.studies import STUDIES, DifferentWork, StudyReport, load_sweep, write_report
 from tests.helpers import ROOT
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
@@ -131,7 +131,7 @@ def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: P
 def test_a_genuine_tie_is_accepted_and_listed(batching: Path) -> None:
     """Where two runs first differ at a genuine fp32 tie, the comparison goes on (the
     project's tie rule); the tie check decides, and anything it rejects is refused."""
-    from experiments.studies import check_same_work
+    from experiments.policy.studies import check_same_work
 
     runs = load_sweep(batching)
     runs[1].outputs = {**runs[1].outputs, "r2": [*runs[1].outputs["r2"][:-1], 7]}

@@ -250,9 +250,38 @@ def test_fixed_yaml_takes_priorities(tokenizer: PreTrainedTokenizerFast) -> None
 
 @pytest.mark.usefixtures("hydra_conf")
 def test_trace_yaml_with_path_override(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    """The preset's defaults (whole slice, recorded gaps, no caps) read the overridden file."""
     csv_path = write_trace(tmp_path / "t.csv", TRACE_ROWS)
-    specs = build_workload(compose_workload("trace", f"path={csv_path}"), tokenizer)
-    assert len(specs) == 4
+    cfg = compose_workload("trace", f"path={csv_path}")
+    assert cfg.path == str(csv_path)
+    specs = build_workload(cfg, tokenizer)
+    # TRACE_ROWS by hand: gaps from 18:15:46.0; context 10, 20, 300, 0 -> 1;
+    # output 3, 0 -> 1, 40, 7.
+    assert [s.id for s in specs] == ["r0", "r1", "r2", "r3"]
+    assert [s.arrival for s in specs] == [0.0, 1.5, 2.0, 4.0]
+    assert [len(s.prompt_token_ids) for s in specs] == [10, 20, 300, 1]
+    assert [s.sampling.max_tokens for s in specs] == [3, 1, 40, 7]
+    assert all(s.sampling.ignore_eos and s.sampling.greedy for s in specs)
+    assert [s.sampling.seed for s in specs] == [0, 1, 2, 3]
+    # The same prompts as the builder makes from a plain config of that file alone.
+    plain = build_workload(trace(csv_path), tokenizer)
+    assert [s.prompt_token_ids for s in specs] == [s.prompt_token_ids for s in plain]
+    # The preset's other fields reach the builder too: rows 1-2, gaps doubled, caps.
+    sliced = build_workload(
+        compose_workload(
+            "trace",
+            f"path={csv_path}",
+            "start=1",
+            "limit=2",
+            "time_scale=2.0",
+            "max_prompt_tokens=15",
+            "max_output_tokens=30",
+        ),
+        tokenizer,
+    )
+    assert [(s.id, s.arrival) for s in sliced] == [("r0", 0.0), ("r1", 1.0)]
+    assert [len(s.prompt_token_ids) for s in sliced] == [15, 15]
+    assert [s.sampling.max_tokens for s in sliced] == [1, 30]
 
 
 # --- chat -----------------------------------------------------------------------------------

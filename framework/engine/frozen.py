@@ -1,10 +1,10 @@
 """Frozen dataclasses made on the hot path without their generated `__init__`.
 
 A frozen dataclass's `__init__` sets each field through `object.__setattr__` (frozen classes
-refuse plain assignment): 3.1 µs for `EngineView`'s 15 fields, against 0.45 µs for filling
-the new instance's `__dict__` at once (2026-12-02, 2-core AMD EPYC). The engine makes a view
-for each policy decision, two or three a step, and a whole day's trace is a million steps of
-about four rows, where such fixed costs are most of the engine's work.
+refuse plain assignment), several times slower than filling the new instance's `__dict__` at
+once. The engine makes a view for each policy decision, one to three a step, and a whole
+day's trace is a million steps of about four rows, where such fixed costs are most of the
+engine's work (figures: docs/measurements/code-notes.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A run holds every request of its workload (at trace scale 19,366 prompts as token lists, the
 sequences and their lists), the tokenizer and the model's modules, from its start to its end.
 Each of Python's full collections walked all of them to free nothing: on the whole Azure
-conversation trace under the simulated executor, 2 full collections inside `Engine.run` took
-0.96 s of a 13.0 s replay (2026-12-02, 2-core AMD EPYC; 0.07 s with the heap frozen).
+conversation trace under the simulated executor, two full collections inside `Engine.run`
+were several percent of the replay (figures: docs/measurements/code-notes.md).
 `gc.freeze()` moves what exists when the run starts (and again once its sequences are made)
 into the permanent generation, so the collector walks only what the steps allocate;
 `gc.unfreeze()` hands them back when the run ends.

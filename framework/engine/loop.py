@@ -140,16 +140,25 @@ class Engine:
             self.now,
             self._fail,
         )
-        # A scheduler that keeps a default is not asked for it: a view a step fewer.
-        self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
-        self.planner.chunks = overrides(self.p.scheduler, Scheduler, "chunk")
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        """Every timestamp goes through this one clock, the held tokens' included: a clock
+        set after the engine is built (a simulation's) replaces it everywhere."""
+        self._clock = clock
+        if hasattr(self, "output"):
+            self.output.clock = clock
 
     @property
     def chunks(self) -> bool:
         """The scheduler cuts prefills (it has a `chunk` of its own): then a request longer
         than the token budget is served in chunks, not rejected."""
-        return self.planner.chunks
+        return overrides(self.p.scheduler, Scheduler, "chunk")
 
     def now(self) -> float:
         return self.clock.now()
@@ -160,6 +169,9 @@ class Engine:
         # rows' shapes only (the simulator) says so, and the build skips mapping them.
         self.builder.map_slots = getattr(self.executor, "reads_slots", True)
         self.output.readback_s = getattr(self.executor, "readback_s", None)
+        # A scheduler that keeps a default is not asked for it: a view a step fewer.
+        self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
+        self.planner.chunks = self.chunks
         # The workload, the model and, once made, the sequences live until the run ends:
         # kept out of the garbage collector's full passes meanwhile (`frozen_heap`).
         with frozen_heap() as freeze:
@@ -212,7 +224,7 @@ class Engine:
                 f"prompt + max_tokens = {seq.max_len} needs {need} blocks; the pool has "
                 f"{self.pool.num_blocks} (engine.num_blocks)"
             )
-        if seq.max_len > self.limits.max_num_batched_tokens and not self.chunks:
+        if seq.max_len > self.limits.max_num_batched_tokens and not self.planner.chunks:
             return (
                 f"prompt + max_tokens = {seq.max_len} exceeds engine.max_num_batched_tokens "
                 f"= {self.limits.max_num_batched_tokens} (a preempted request is prefilled "

@@ -22,8 +22,8 @@ import torch
 from filelock import FileLock
 
 # The config and the tokenizer only, at import: a simulated run needs no more, and the
-# modelling code (`AutoModelForCausalLM`, `LlamaForCausalLM`) took 3.5 s to import here
-# (2026-12-02, 2-core AMD EPYC); the functions that load weights import it themselves.
+# modelling code (`AutoModelForCausalLM`, `LlamaForCausalLM`) takes seconds to import; the
+# functions that load weights import it themselves.
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def load_model_config(
 
 def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
     # Imported here, not with the module: `LlamaConfig` pulls in transformers'
-    # distributed-tensor code (1.5 s, 2026-12-02, AMD EPYC). A model read from a folder
+    # distributed-tensor code, a second or more to import. A model read from a folder
     # imports its config class as its config loads, and pays most of it there instead.
     from transformers import LlamaConfig
 

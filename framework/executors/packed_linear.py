@@ -60,11 +60,10 @@ def rows_bucket(rows: int) -> int:
     oneDNN keeps state for every input shape it has seen; an engine step's row count is its
     token count, which takes hundreds of values over a run. Measured on the tiny model's
     soak, unbucketed shapes grew the resident set by ~300 MB and made each new shape's first
-    step slow; a few dozen buckets bound both. Exact counts had stopped at 8: at 9-15 rows
-    every Linear call then copied its rows beside zeros (`cat`, 5% of the default job's
-    fp32 profile) and multiplied 16. Exact to 32, the default job (up to 16 rows) ran 1.08x
-    faster in fp32 (8 alternating rounds, 0.97-1.17x) and 1.15x in bf16 (1.10-1.24x), same
-    tokens (2-core AMD EPYC Zen 4 VM, 2026-12-02).
+    step slow; a few dozen buckets bound both. Up to 32 rows the count is exact: a padded
+    count copies the rows beside zeros in every Linear call and multiplies the padding too,
+    which the default job (up to 16 rows) measurably paid (figures:
+    docs/measurements/code-notes.md).
     """
     if rows <= EXACT_ROWS:
         return rows

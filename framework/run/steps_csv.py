@@ -1,8 +1,8 @@
 """steps.csv: one row a step, formatted on every core the run may use when the run is long.
 
 A whole day's trace under the simulated executor is a million steps, and a row is 29
-numbers, 13 of them floats written to their shortest exact text: formatting them was 15-20 s
-of the command on one core (2026-12-02, 2-core AMD EPYC), the largest cost after the engine.
+numbers, 13 of them floats written to their shortest exact text: formatting them on one core
+is the largest cost of the command after the engine (docs/measurements/code-notes.md).
 Past `PARALLEL_STEPS` steps, where the machine has more than one core and can fork
 (Linux), worker processes format chunks of the rows in parallel and this process writes
 them in order. The workers are forked, so they read the run's steps in place (nothing is

@@ -1,8 +1,8 @@
 """One run's MLflow logging in a helper process, beside the engine.
 
-Importing mlflow takes 2.4 s and opening a new SQLite store 2.3 s more (its tables made and
-migrated), measured 2026-12-02 on the 2-core AMD EPYC: 5 s of every `python run.py`, spent
-before the first step although nothing of the run is logged yet. A helper process does that
+Importing mlflow and opening a new SQLite store (its tables made and migrated) take seconds
+of every `python run.py`, spent before the first step although nothing of the run is logged
+yet (figures: docs/measurements/code-notes.md). A helper process does that
 work on another core while the engine runs: it opens the run and logs its params as soon as
 the run starts, then waits; at the end this process sends what is left (tags, summary,
 per-step series, the run folder's files, the status), the helper logs it and says how it

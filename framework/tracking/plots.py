@@ -62,8 +62,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def read_step_columns(path: Path, columns: tuple[str, ...] = STEP_PLOT_COLUMNS) -> StepColumns:
     """`columns` of steps.csv as arrays, parsed by numpy's C reader: a whole day's trace is
-    a million rows, which `csv.DictReader` took 8 s to read back as dicts (2026-12-02, 2-core
-    AMD EPYC; 3.6 s this way). A missing column is refused by name."""
+    a million rows, which `csv.DictReader` reads back as dicts at about half this speed. A
+    missing column is refused by name."""
     with path.open(newline="") as f:
         head = f.readline().strip().split(",")
         has_rows = bool(f.readline().strip())

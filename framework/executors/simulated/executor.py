@@ -34,7 +34,7 @@ class SimulatedExecutor:
         self.profile = profile
         # The machine against the profile's (`executor.speed`): a what-if (a machine 2x
         # faster), or the state a shared VM is in today against the quiet one it was
-        # profiled in (experiments/sim_check.py --speed auto). `compute_speed` (None: the
+        # profiled in (`python -m experiments.sim_check --speed auto`). `compute_speed` (None: the
         # same) divides the forward's compute-bound seconds apart (`StepCost.compute_s`):
         # a machine with the bandwidth of this one and twice its FLOP/s, or neighbours that
         # take memory bandwidth and leave the arithmetic alone.

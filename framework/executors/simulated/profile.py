@@ -103,9 +103,9 @@ def run_scale(model: LinearCost, samples: Sequence[Sample], attr: str) -> float:
     A fit on relative error shrinks: with noisy steps, the coefficients that minimise the
     squared *relative* error predict below the mean (by about the noise's variance), and a
     shared VM's noise is skewed slow besides. A simulated run adds its steps up, so that
-    bias lands on every makespan and latency. Measured on SmolLM2 (both dtypes, 2026-12-01):
-    before the scale, the fitted runs' sums came out 2.4-3.3% short at the median and the
-    held-out runs' 1.7-2.7%. Scaling every coefficient by one factor keeps the fit's shape
+    bias lands on every makespan and latency: unscaled, the runs' sums come out a few percent
+    short at the median (figures: docs/measurements/code-notes.md). Scaling every
+    coefficient by one factor keeps the fit's shape
     (how a 2 ms step compares with a 2 s one) and removes the bias from the sums."""
     sums: dict[str, list[float]] = {}
     for s in samples:

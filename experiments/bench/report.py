@@ -1,27 +1,22 @@
 """The benchmark's report: the performance targets against what a run measured, per dtype,
-the machine section, the result tables (`benchmark.md`, `benchmark.csv`), and the MLflow run.
+the machine section, the result tables (`benchmark.md`, `benchmark.csv`), and the MLflow
+metrics.
 
-Kept apart from `experiments/benchmark.py`, which runs the systems: this module only formats
-and files numbers that are already measured.
+Kept apart from `benchmark.py`, which runs the systems: this module only formats and files
+numbers that are already measured.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from experiments.bench.probe import Probe
+from experiments.toolkit.config import REFERENCE
+from experiments.toolkit.report import write_rounded_csv
 
-from experiments.machine_probe import Probe
-from framework.tracking.store import TrackingStore
-from framework.tracking.tags import environment_tags, flatten
-
-REFERENCE = ("continuous", "incremental", "immediate")
 COLUMNS = (
     "system",
     "dtype",
@@ -226,17 +221,6 @@ def result_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    """`rows` under `columns`, floats to 6 significant digits (seconds to the microsecond,
-    ratios well past the noise)."""
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns))
-        w.writeheader()
-        w.writerows(
-            {k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows
-        )
-
-
 def across(passes: list[Pass], ratios: list[float]) -> list[tuple[str, float | None]]:
     """The goals across dtypes: bf16's default job over fp32's (the median of the rounds'
     ratios, each round running both), when both ran in that order."""
@@ -268,7 +252,7 @@ def write(
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / "benchmark.csv", out / "benchmark.md"
     rows = [r for p in passes for r in p.rows]
-    write_csv(csv_path, COLUMNS, rows)
+    write_rounded_csv(csv_path, COLUMNS, rows)
     lines = ["# nanoserve benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
     if len(passes) > 1 or any(p.default_job_tps for p in passes):
@@ -281,33 +265,6 @@ def write(
         lines += result_lines(p.rows)
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
-
-
-def log_mlflow(
-    cfg: DictConfig,
-    args: argparse.Namespace,
-    files: tuple[Path, Path],
-    metrics: dict[str, float],
-    kind: str = "benchmark",
-) -> None:
-    """One MLflow run of `experiments/<kind>.py`: the settings as params, the headline
-    numbers as metrics, the csv and md as artifacts. A failing store costs nothing: the
-    files are already written."""
-    store = TrackingStore(cfg.mlflow)
-    tags = {**environment_tags(), "mlflow.source.name": f"experiments/{kind}.py"}
-    run_id = store.start_run(kind, tags | {"nanoserve.kind": kind})
-    if run_id is not None:
-        params = flatten(OmegaConf.to_container(cfg, resolve=True), skip=["mlflow", "workload"])
-        params |= {f"{kind}.{k}": str(v) for k, v in vars(args).items()}
-        store.log_params(run_id, params)
-        store.log_summary(run_id, metrics)
-        store.log_files(run_id, files)
-        store.end_run(run_id)
-    if store.broken is not None:
-        where = f"results are in {files[0].parent}"
-        print(f"MLflow: not logged: {store.broken}; {where}", file=sys.stderr)
-    else:
-        print(f"MLflow: logged run {run_id} to {store.uri}")
 
 
 def headline(passes: list[Pass], ratios: list[float] | None = None) -> dict[str, float]:

@@ -23,19 +23,17 @@ embedding unless it is tied to the output head (a lookup reads one row of it).
 
 from __future__ import annotations
 
-import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from experiments.peers import plain_hf
+from experiments.bench.peers import plain_hf
+from experiments.toolkit.machine import best_time, sync
 from framework.engine.counters import StepStats
 from framework.engine.request import RequestSpec
 from framework.executors.packed_linear import packable
@@ -76,39 +74,6 @@ class Probe:
         """One decode step of the largest batch (every row decoding), whole."""
         tps = self.largest_batch_tps
         return self.largest_batch / tps if tps else None
-
-
-def cpu_seconds() -> tuple[float, float]:
-    """(all CPUs' busy seconds from /proc/stat, this process's CPU seconds); zeros where
-    /proc is not there (then no run is ever seen as disturbed). Two readings give the share
-    of the CPUs that other processes took between them (calibrate.py, sim_check.py)."""
-    busy = 0.0
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    return busy, own.ru_utime + own.ru_stime
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def best_time(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
-    """The fastest of `repeats` timed calls, after one untimed call (warm caches, pools)."""
-    fn()
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def memory_bandwidth(mb: int, repeats: int, device: torch.device) -> float:
@@ -256,10 +221,10 @@ def dense_decode_s(model: Any, prompts: list[list[int]], steps: int, stock: bool
         times = []
         for _ in range(steps):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-            _sync(model.device)
+            sync(model.device)
             t = time.perf_counter()
             out = model(input_ids=nxt, cache=cache, use_cache=True)
-            _sync(model.device)
+            sync(model.device)
             times.append(time.perf_counter() - t)
     return median(times)
 

@@ -5,7 +5,7 @@ worst-case or with incremental allocation, while the pool never runs dry; contin
 priority and sjf on a preset whose requests all wait from the start with one priority.
 Their simulations price the same steps; their real runs are the same work, measured at
 other moments of the check. How far apart the twins' real medians lie is therefore what the
-machine's own noise does to a median of `--repeats` runs, measured inside the check. Half of
+machine's own noise does to a median of `--rounds` runs, measured inside the check. Half of
 it is a floor under any simulator's largest error among the twins on that machine, and the
 whole is the figure to read a verdict beside. On a quiet machine the twins agree, and a
 simulator's error stands out from them.
@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from experiments.toolkit.report import percent
 from framework.tracking.tables import markdown_table
 
 
@@ -85,8 +86,8 @@ def misses_inside(
     return inside, len(missed)
 
 
-def pct(v: float | None) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
+def unsigned(v: float | None) -> str:
+    return percent(v, signed=False)
 
 
 def section(
@@ -112,7 +113,9 @@ def section(
         {
             "cases": ", ".join(t["cases"]),
             "steps": t["steps"],
-            **{m: f"{pct(t[f'{m}_apart'])} ({pct(t[f'{m}_error_max'])})" for m in metrics},
+            **{
+                m: f"{unsigned(t[f'{m}_apart'])} ({unsigned(t[f'{m}_error_max'])})" for m in metrics
+            },
         }
         for t in twins
     ]
@@ -121,5 +124,5 @@ def section(
     widest = max((t["makespan_apart"] or 0.0) for t in twins) if "makespan" in metrics else None
     lines += ["", f"- cells not met within their twins' distance apart: {inside} of {missed}"]
     if widest is not None:
-        lines.append(f"- twins' real makespans apart: up to {pct(widest)}")
+        lines.append(f"- twins' real makespans apart: up to {unsigned(widest)}")
     return lines

