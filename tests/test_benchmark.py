@@ -139,8 +139,9 @@ def test_a_system_that_differs_reports_no_times() -> None:
 
 
 def test_a_goal_past_the_linear_bound_is_called_out_of_reach() -> None:
-    # Numbers of the 2026-11-30 run: batch 1 is past what the Linear kernels allow (2.58x
-    # against a goal of 1.5x); the batch-64 goal is not met but lies within the bound (61%).
+    # Numbers of a measured run on the 2-core AMD EPYC: batch 1 is past what the Linear
+    # kernels allow (2.58x against a goal of 1.5x); the batch-64 goal is not met but lies
+    # within the bound (61%).
     machine = Probe(
         threads=2,
         bandwidth_gbs=20.6,
