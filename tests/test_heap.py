@@ -63,3 +63,21 @@ def test_the_run_unfreezes_and_views_hold_no_cycle(tiny: tuple[Any, Any]) -> Non
         assert ref() is None, "an engine view is kept alive by a reference cycle"
     finally:
         gc.enable()
+
+
+def test_an_engine_is_freed_by_reference_counting(tiny: tuple[Any, Any]) -> None:
+    """Nothing an engine holds refers back to it: dropping the last reference frees it and
+    its KV cache at once. A cycle would keep every engine of a long test or sweep alive
+    until the collector's next full pass, their caches with them."""
+    model, tok = tiny
+    cfg = make_cfg("model=tiny", "output=deferred", "window=2")
+    engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
+    spec = RequestSpec("r0", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.run([spec], tok.eos_token_id)
+    gc.disable()
+    try:
+        ref = weakref.ref(engine)
+        del engine
+        assert ref() is None, "an engine is kept alive by a reference cycle"
+    finally:
+        gc.enable()

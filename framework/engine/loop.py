@@ -137,8 +137,7 @@ class Engine:
             self.counters,
             self.output,
             self.steps,
-            self.now,
-            self._fail,
+            self.clock,
         )
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
 
@@ -151,8 +150,8 @@ class Engine:
         """Every timestamp goes through this one clock, the held tokens' included: a clock
         set after the engine is built (a simulation's) replaces it everywhere."""
         self._clock = clock
-        if hasattr(self, "output"):
-            self.output.clock = clock
+        if hasattr(self, "planner"):
+            self.output.clock = self.planner.clock = clock
 
     @property
     def chunks(self) -> bool:
@@ -366,6 +365,4 @@ class Engine:
             self.hooks.on_request_finished(request=seq)
 
     def _fail(self, group: str, msg: str) -> PolicyError:
-        who = self.p.providers.get(group)
-        tag = f" ({who})" if who else ""
-        return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}{tag}: {msg}")
+        return self.planner.fail(group, msg)

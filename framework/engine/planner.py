@@ -15,13 +15,13 @@ request is the engine's to record, and is recorded here.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from framework.api.guard import Guarded
 from framework.api.policy import EngineView, PolicyError, QueueView
 from framework.engine.block_pool import BlockPool
+from framework.engine.clock import Clock
 from framework.engine.counters import Counters, StepStats
 from framework.engine.frozen import make_frozen
 from framework.engine.held import HeldTokens
@@ -60,8 +60,7 @@ class Planner:
         counters: Counters,
         output: HeldTokens,
         steps: list[StepStats],
-        now: Callable[[], float],
-        fail: Callable[[str, str], PolicyError],
+        clock: Clock,
     ) -> None:
         self.waiting = waiting
         self.running = running
@@ -71,8 +70,9 @@ class Planner:
         self.counters = counters
         self.output = output
         self.steps = steps
-        self.now = now
-        self.fail = fail
+        # Nothing here refers back to the engine: an engine is freed (its KV cache with it)
+        # as soon as its last reference goes, not at the garbage collector's next pass.
+        self.clock = clock
         self.displaces = True  # whether the scheduler has a `displace` of its own
         self.chunks = True  # whether it has a `chunk` of its own
         self._admit_counter = 0
@@ -80,6 +80,15 @@ class Planner:
         # admissions, so a finding never outlives the step it was made in (the blocks it
         # counted may be evicted since).
         self._hinted: list[Sequence] = []
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def fail(self, group: str, msg: str) -> PolicyError:
+        """The error a decision that breaks the contract raises, naming the policy."""
+        who = self.p.providers.get(group)
+        tag = f" ({who})" if who else ""
+        return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}{tag}: {msg}")
 
     # ---- the plan --------------------------------------------------------------------
     def plan(self, timer: PhaseTimer) -> StepPlan:
