@@ -1,9 +1,7 @@
 """`python -m experiments.gpu_check`: the analytic GPU cost model against a published table, row by
 row. The code: `experiments/gpu/gpu_check.py`."""
 
-from experiments.gpu.gpu_check import check_collective, check_operators, main
-
-__all__ = ["check_collective", "check_operators", "main"]
+from experiments.gpu.gpu_check import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,9 +1,7 @@
-"""`python -m experiments.studies`: the classic studies' tables; `StudyReport` is the sweeps' Hydra
-callback. The code: `experiments/policy/studies.py`."""
+"""`python -m experiments.studies`: the classic studies' tables. The code, and the sweeps'
+Hydra callback `StudyReport`: `experiments/policy/studies.py`."""
 
-from experiments.policy.studies import StudyReport, main
-
-__all__ = ["StudyReport", "main"]
+from experiments.policy.studies import main
 
 if __name__ == "__main__":
     main()

@@ -642,7 +642,8 @@ def test_the_shipped_profile_is_the_one_measured_on_this_cpu(
 def test_the_scale_experiment_runs_a_trace_slice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from experiments.sim_scale import TRACES, main
+    from experiments.sim.sim_scale import main
+    from experiments.toolkit.paths import TRACES
 
     if not TRACES["conv"].is_file():
         pytest.skip("the Azure traces live in ../shared, absent here")
