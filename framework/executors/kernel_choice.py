@@ -2,9 +2,10 @@
 on the CPU the engine finds, unless the user sets it.
 
 Why measure: the same choice went opposite ways on the machines this project has run on.
-Prepacked oneDNN Linear layers were 1.22x faster than PyTorch's stock ones on a 2-core AMD
-EPYC with AVX2 only (where stock went to MKL's slow small-M sgemm) and within noise on an Intel
-Xeon with AMX; the paged decode kernel beat gather + SDPA 2.4-3.8x in fp32 on AVX2. A rule
+Prepacked oneDNN Linear layers beat PyTorch's stock ones on a 2-core AMD EPYC with AVX2 only
+(where stock goes to MKL's slow small-M sgemm) and were within noise on an Intel Xeon with
+AMX; the paged decode kernel beat gather + SDPA by a wide margin in fp32 on AVX2 (figures:
+docs/measurements/code-notes.md). A rule
 written on one machine is a guess on the next, so each choice here is timed on this one, on
 the run's own model, dtype and thread count, in alternating rounds (a slow spell of a shared
 machine falls on both sides), and kept for the process.

@@ -1,10 +1,10 @@
 """The model's Linear layers through prepacked oneDNN weights, on CPU in float32 or bfloat16.
 
 Why: on this project's reference CPU (AMD EPYC, AVX2) PyTorch's default fp32 `linear` goes to
-MKL, whose small-M sgemm (M = rows in a decode step) re-reads the weight poorly: measured for
-SmolLM2's layer weights (425 MB, cache-cold), 154 ms at M=8 and 489 ms at M=128 with MKL
-against 55-76 ms and 270-297 ms with oneDNN on weights packed once into its blocked layout.
-A decode step is almost all Linear work, so this is the largest single lever on the forward.
+MKL, whose small-M sgemm (M = rows in a decode step) re-reads the weight poorly; oneDNN on
+weights packed once into its blocked layout takes a fraction of its time at decode sizes
+(figures: docs/measurements/code-notes.md). A decode step is almost all Linear work, so this
+is the largest single lever on the forward.
 
 The packed copy is made once per layer (so the weights are held twice); the layer's own
 `weight` stays, for tied embeddings and for anything else that reads it. `unpack_linears`

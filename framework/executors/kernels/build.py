@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp")
 # -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the
 # extension itself is compiled with OpenMP; without it the kernels used one core whatever
-# torch's thread count (1.4-1.7x slower on 2 cores at 16-64 rows). The loop then runs on the
+# torch's thread count (measurably slower on 2 cores at 16-64 rows). The loop then runs on the
 # libgomp torch already loaded (one pool, sized by torch.set_num_threads).
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
