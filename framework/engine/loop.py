@@ -117,7 +117,7 @@ class Engine:
         self.limits = limits
         self.hooks = hooks
         self.check_invariants = check_invariants
-        self.clock = clock or WallClock()
+        self._clock: Clock = clock or WallClock()
         self.pending: deque[Sequence] = deque()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -149,9 +149,7 @@ class Engine:
     def clock(self, clock: Clock) -> None:
         """Every timestamp goes through this one clock, the held tokens' included: a clock
         set after the engine is built (a simulation's) replaces it everywhere."""
-        self._clock = clock
-        if hasattr(self, "planner"):
-            self.output.clock = self.planner.clock = clock
+        self._clock = self.output.clock = self.planner.clock = clock
 
     @property
     def chunks(self) -> bool:
