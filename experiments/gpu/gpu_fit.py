@@ -11,8 +11,10 @@ jointly to the table's four projections, each streaming family (two parameters) 
 operators, all in log space (relative error) with scipy's least squares. All-reduce is one
 alpha-beta pair per worker count, fitted to messages of 1 MB and up (below that the tables'
 medians scatter from one size to the next). Without `--write` it prints the fitted
-block; with it, the block replaces the spec's `kernels:` (and the named interconnect). The
-attention efficiencies are not fitted (no table is shipped): the spec states them, cited.
+block; with it, the block replaces the spec's `kernels:` (and the named interconnect). A
+table with no operator of a streaming family (a measured table may leave one out) keeps the
+spec's earlier fit of that family, and `fitted_on` names the families kept. The attention
+efficiencies are not fitted (no table is shipped): the spec states them, cited.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
 
 
 def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
-    """Each streaming family, fitted to the table's operators of that family."""
+    """Each streaming family the table has operators of, fitted to those operators."""
     shapes = table_shapes(table)
     out = {}
     for family in STREAM_FAMILIES:
@@ -100,7 +102,7 @@ def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
             if isinstance(shapes[op][0], Stream) and shapes[op][0].family == family
         ]
         if not ops:
-            raise TableError(f"{table.path}: no operator for the {family} family")
+            continue
         nbytes = np.array([s.nbytes for op in ops for s in shapes[op]])
         measured = np.concatenate([table.seconds[op] for op in ops])
 
@@ -110,6 +112,23 @@ def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
         found = least_squares(residuals, (2e-6, 0.5), bounds=((0, 0.01), (1e-4, 1.0)))
         out[family] = StreamFit(float(found.x[0]), float(found.x[1]))
     return out
+
+
+def merged_stream(
+    fitted: dict[str, StreamFit], spec: dict[str, Any], table: Path
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """The fitted families, and the spec's own fit for each family the table has no operator
+    of (a measured table may leave out an operator whose kernel it cannot time as a serving
+    engine runs it). Returns the merged block and the families kept."""
+    before = ((spec.get("kernels") or {}).get("stream")) or {}
+    kept = [f for f in STREAM_FAMILIES if f not in fitted]
+    missing = [f for f in kept if f not in before]
+    if missing:
+        raise TableError(
+            f"{table}: no operator for the {', '.join(missing)} famil"
+            f"{'y' if len(missing) == 1 else 'ies'}, and the spec has no fit of it to keep"
+        )
+    return {f: fitted[f].to_dict() if f in fitted else before[f] for f in STREAM_FAMILIES}, kept
 
 
 def fit_all_reduce(table: CollectiveTable) -> AllReduceFit:
@@ -199,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         for hardware in [args.hardware, *args.also]:
             path = hardware_spec_path(hardware)
             spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-            spec["kernels"] = {
-                "fitted_on": f"{args.table.parent.name}/{args.table.name} ({measured_on['name']})",
-                "gemm": gemm.to_dict(),
-                "stream": {k: v.to_dict() for k, v in stream.items()},
-            }
+            merged, kept = merged_stream(stream, spec, args.table)
+            fitted_on = f"{args.table.parent.name}/{args.table.name} ({measured_on['name']})"
+            if kept:
+                fitted_on += f"; {', '.join(kept)} kept from the spec's earlier fit"
+            spec["kernels"] = {"fitted_on": fitted_on, "gemm": gemm.to_dict(), "stream": merged}
             if links:
                 spec["interconnects"] = {
                     **(spec.get("interconnects") or {}),
