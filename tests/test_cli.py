@@ -161,10 +161,15 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
     assert set(groups["preemption"]) == {"priority", "recompute"}
     assert set(groups["output"]) == {"adaptive", "deferred", "immediate"}
     assert set(groups["model"]) == {"hf", "smollm2", "tiny"}
+    assert set(groups["router"]) == {
+        "least_outstanding", "least_tokens", "power_of_two", "prefix_aware", "random",
+        "round_robin",
+    }  # fmt: skip
     assert {
         "chat",
         "fixed",
         "jsonl",
+        "mooncake",
         "multiturn",
         "shared_prefix",
         "straggler",

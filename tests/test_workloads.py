@@ -521,8 +521,8 @@ def test_real_azure_trace(tokenizer: PreTrainedTokenizerFast) -> None:
     [
         (
             {"kind": "batch"},
-            r"workload\.kind must be one of chat, fixed, jsonl, multiturn, shared_prefix, "
-            r"synthetic, trace; got 'batch'",
+            r"workload\.kind must be one of chat, fixed, jsonl, mooncake, multiturn, "
+            r"shared_prefix, synthetic, trace; got 'batch'",
         ),
         ({"kind": "chat", "max_tokenz": 3}, r"workload\.max_tokenz is not a field .* max_tokens"),
         ({"kind": "chat", "max_tokens": "many"}, r"workload\.max_tokens: Value 'many'"),

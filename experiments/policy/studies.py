@@ -256,6 +256,35 @@ STUDIES: dict[str, Study] = {
         "cached blocks dropped for room; lpm: longest cached prefix first, aged, FCFS past "
         "scheduler.max_queue.",
     ),
+    "routing": Study(
+        title="Routers on a cluster of replicas with prefix caching",
+        labels=[
+            ("workload", _field("workload.kind")),
+            ("router", _field("router.name")),
+        ],
+        columns=[
+            *metrics(
+                "requests_finished",
+                "output_tokens_per_s",
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "tpot_p50_s",
+                "tpot_p99_s",
+                "prefix_hit_rate",
+                "load_imbalance",
+            ),
+            ("slo_met", _slo_fraction),
+            ("goodput_rps", _goodput),
+            ("makespan_s", _metric("makespan_s")),
+        ],
+        plot=["output_tokens_per_s", "ttft_p99_s", "prefix_hit_rate", "goodput_rps"],
+        group=lambda run: run.config.workload.kind,
+        defaults={"ttft_slo_s": 5.0, "tpot_slo_s": 0.1},
+        note="prefix_hit_rate: the cluster's prompt tokens found cached at admission / prompt "
+        "tokens; load_imbalance: the largest replica's served tokens (prompt + output) over "
+        "the mean; slo_met: share of requests with TTFT <= {ttft_slo_s} s and TPOT <= "
+        "{tpot_slo_s} s; goodput_rps: those requests per second of makespan.",
+    ),
 }
 
 

@@ -4,6 +4,7 @@
 
 Policy API version 2 (`API_VERSION`). The modules behind it:
 - `policy`: the four policy base classes, their views and `PolicyError` (the contract);
+- `router`: the fifth group, a cluster's router, and its views of the replicas;
 - `hookspecs`: the pluggy hooks, `register_*` and the observer hooks;
 - `admission`: the shared admission loop under the engine's budgets;
 - `registry`: how entry points become named policies (and their Hydra configs);
@@ -29,6 +30,7 @@ from framework.api.policy import (
     QueueView,
     Scheduler,
 )
+from framework.api.router import ClusterView, ReplicaView, Router, RouterConfig
 from framework.engine.counters import PHASES, StepStats
 from framework.engine.prefix_cache import CachedBlock
 from framework.engine.request import RequestSpec, SamplingParams
@@ -40,6 +42,7 @@ __all__ = [
     "PROJECT",
     "Allocator",
     "CachedBlock",
+    "ClusterView",
     "EngineView",
     "OrderKey",
     "OutputPolicy",
@@ -48,7 +51,10 @@ __all__ = [
     "PolicyError",
     "Preemption",
     "QueueView",
+    "ReplicaView",
     "RequestSpec",
+    "Router",
+    "RouterConfig",
     "SamplingParams",
     "Scheduler",
     "Sequence",

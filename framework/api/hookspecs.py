@@ -37,6 +37,12 @@ def register_outputs(register: Any) -> None:
 
 
 @hookspec
+def register_routers(register: Any) -> None:
+    """Call `register(name, RouterClass, ConfigDataclass)` for each router (a cluster's
+    fifth policy group: `framework.api.router`)."""
+
+
+@hookspec
 def register_observers(register: Any) -> None:
     """Call `register(name, factory)`; `factory(run_config)` returns an object whose
     methods implement the observer hooks below. Enabled per run by `observers=[...]`."""

@@ -353,11 +353,3 @@ def overrides(policy: Any, base: type, name: str) -> bool:
     except AttributeError:
         return True
     return getattr(own, "__func__", None) is not getattr(base, name)
-
-
-GROUPS: dict[str, type] = {
-    "scheduler": Scheduler,
-    "allocator": Allocator,
-    "preemption": Preemption,
-    "output": OutputPolicy,
-}

@@ -26,13 +26,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from framework.api import hookspecs
 from framework.api.compat import v1_problem
-from framework.api.policy import API_VERSION, GROUPS, PolicyConfig
+from framework.api.groups import GROUPS
+from framework.api.policy import API_VERSION, PolicyConfig
 
 _HOOK_OF_GROUP = {
     "scheduler": "register_schedulers",
     "allocator": "register_allocators",
     "preemption": "register_preemptions",
     "output": "register_outputs",
+    "router": "register_routers",
 }
 
 API_ATTRIBUTE = "NANOSERVE_API"

@@ -83,6 +83,10 @@ class BlockPool:
         """How many of `seq`'s leading tokens are cached: none here."""
         return 0
 
+    def cached_prefix(self, tokens: Seq[int]) -> int:
+        """How many leading tokens of a prompt not yet admitted are cached: none here."""
+        return 0
+
     def in_use(self, blocks: Seq[int]) -> int:
         """How many of the cached `blocks` some table holds: none are cached here."""
         return 0

@@ -55,6 +55,12 @@ class Clock(Protocol):
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """A step's seconds by phase, as this clock counted them (`StepStats.phase_s`)."""
 
+    def pause(self) -> None:
+        """Time stops counting for this clock (a cluster's replica while the others step)."""
+
+    def resume(self) -> None:
+        """Time counts again from now."""
+
 
 class WallClock:
     name = "wall"
@@ -87,6 +93,12 @@ class WallClock:
     def account(self, phase_s: dict[str, float], rows: int) -> None:
         """Measured as they happened."""
 
+    def pause(self) -> None:
+        """Real time passes whatever is asked."""
+
+    def resume(self) -> None:
+        """Real time passes whatever is asked."""
+
 
 class VirtualClock:
     """Simulated seconds. With `host_s` (the `model` host time) the clock moves only by what
@@ -108,16 +120,30 @@ class VirtualClock:
         self._t = 0.0
         self._mark = timer()
         self.device_free = 0.0
+        self._paused = False
 
     def start(self) -> None:
         self._t = 0.0
         self._mark = self.timer()
         self.device_free = 0.0
+        self._paused = False
 
     def now(self) -> float:
-        if self.host_s is not None:
+        if self.host_s is not None or self._paused:
             return self._t
         return self._t + (self.timer() - self._mark)
+
+    def pause(self) -> None:
+        """Under `measured` host time, the real time that passes from here on is another
+        replica's work, not this one's: it stops flowing in until `resume`."""
+        if not self._paused:
+            self._t = self.now()
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._paused:
+            self._mark = self.timer()
+            self._paused = False
 
     def wait_until(self, t: float) -> None:
         if t > self.now():

@@ -85,6 +85,11 @@ class RunResult:
     num_blocks: int
     clock: str = "wall"  # which clock the times are on: "wall" or "virtual"
     executor: dict[str, str] = field(default_factory=dict)  # what produced the steps
+    # A cluster's result, its replicas' merged: which replica served each request (by id)
+    # and ran each step, and each replica's own result. None for one engine.
+    replica_of: dict[str, int] | None = None
+    step_replicas: list[int] | None = None
+    replicas: list[RunResult] | None = None
 
 
 def describe(executor: Any) -> dict[str, str]:
@@ -162,6 +167,24 @@ class Engine:
 
     # ---- run -------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
+        # The workload, the model and, once made, the sequences live until the run ends:
+        # kept out of the garbage collector's full passes meanwhile (`frozen_heap`).
+        with frozen_heap() as freeze:
+            self.prepare()
+            self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
+            ids = [s.id for s in self.seqs]
+            if len(set(ids)) != len(ids):
+                raise ValueError("workload request ids must be unique")
+            for seq in sorted(self.seqs, key=lambda s: s.arrival):
+                self._enqueue(seq)
+            freeze()
+            self.clock.start()
+            while self.has_work:
+                self.advance()
+        return self.finish()
+
+    def prepare(self) -> None:
+        """Settings read once from the executor and the policies, before the first step."""
         # A prompt's cache slots are a list as long as the prompt; an executor that reads the
         # rows' shapes only (the simulator) says so, and the build skips mapping them.
         self.builder.map_slots = getattr(self.executor, "reads_slots", True)
@@ -169,25 +192,34 @@ class Engine:
         # A scheduler that keeps a default is not asked for it: a view a step fewer.
         self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
         self.planner.chunks = self.chunks
-        # The workload, the model and, once made, the sequences live until the run ends:
-        # kept out of the garbage collector's full passes meanwhile (`frozen_heap`).
-        with frozen_heap() as freeze:
-            self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
-            ids = [s.id for s in self.seqs]
-            if len(set(ids)) != len(ids):
-                raise ValueError("workload request ids must be unique")
-            for seq in sorted(self.seqs, key=lambda s: s.arrival):
-                reason = self._why_never(seq)
-                if reason:
-                    seq.status, seq.reject_reason = Status.REJECTED, reason
-                else:
-                    self.pending.append(seq)
-            freeze()
-            self.clock.start()
-            while self.pending or self.waiting or self.running:
-                if not self.waiting and not self.running:
-                    self.clock.wait_until(self.pending[0].arrival)
-                self.step()
+
+    def submit(self, spec: RequestSpec, eos_token_id: int | None) -> Sequence:
+        """One more request, arriving no earlier than any submitted before it (a cluster's
+        router hands each replica its requests one at a time, in arrival order)."""
+        seq = Sequence(spec, eos_token_id)
+        self.seqs.append(seq)
+        self._enqueue(seq)
+        return seq
+
+    def _enqueue(self, seq: Sequence) -> None:
+        reason = self._why_never(seq)
+        if reason:
+            seq.status, seq.reject_reason = Status.REJECTED, reason
+        else:
+            self.pending.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    def advance(self) -> None:
+        """One step; when nothing has arrived yet, the clock first gets to the next arrival."""
+        if not self.waiting and not self.running:
+            self.clock.wait_until(self.pending[0].arrival)
+        self.step()
+
+    def finish(self) -> RunResult:
+        """The result, after the books are checked whole (`check_end`)."""
         result = self.partial_result()
         if self.check_invariants:
             check_end(self.seqs, self.pool, self.counters, self.output.steps)

@@ -131,6 +131,12 @@ class PrefixCachingPool(BlockPool):
         """`seq`'s leading tokens found cached now (whole blocks)."""
         return len(self.cached_blocks(seq)) * self.block_size
 
+    def cached_prefix(self, tokens: Seq[int]) -> int:
+        """How many leading tokens of a prompt not yet admitted are cached now (whole
+        blocks, the last token always left to compute, as for a sequence): what a router
+        reads, without touching the LRU."""
+        return len(self.match(tokens, (len(tokens) - 1) // self.block_size)) * self.block_size
+
     def publish_written(self, running: list[Sequence], counters: Counters) -> None:
         """Full blocks whose K/V this step wrote, and whose tokens the host knows (not the
         held ones), become reusable: published under their chained hash. Each row's

@@ -27,6 +27,7 @@ from framework.executors.model_loader import (
     resolve_dtype,
 )
 from framework.executors.simulated.executor import SimulatedExecutor
+from framework.run.cluster_run import ClusterRunner, build_router
 from framework.run.config import check_fits, check_run, check_window
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
@@ -170,11 +171,24 @@ def build_engine(
     )
 
 
+def build_runner(
+    cfg: DictConfig, model: Any, device: torch.device, dtype: torch.dtype, hooks: Any
+) -> Engine | ClusterRunner:
+    """One engine, or `cluster.replicas` of them behind the configured router."""
+    replicas = int(cfg.cluster.replicas)
+    if replicas == 1:
+        return build_engine(cfg, model, device, dtype, hooks)
+    router, name, provider = build_router(cfg)
+    engines = [build_engine(cfg, model, device, dtype, hooks) for _ in range(replicas)]
+    return ClusterRunner(engines, router, name, provider)
+
+
 def check_before_loading(cfg: DictConfig) -> None:
     """Every check that needs no model: limits, settings, policy names and options, the
     device, the model folder, the workload's fields and files, and (when the workload's
     sizes and the pool are both known without the model) whether any request fits."""
     check_run(cfg)
+    build_router(cfg)  # its options checked whatever the cluster's size
     policies = build_policies(cfg)
     chunks = overrides(policies.scheduler, Scheduler, "chunk")
     check_window(cfg)
@@ -245,7 +259,8 @@ def serve(
         model, tokenizer, device, dtype = loaded or load(cfg)
         specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tokenizer)
         hooks = guard_hooks(hooks, registry())
-        engine = build_engine(cfg, model, device, dtype, hooks)
+        runner = build_runner(cfg, model, device, dtype, hooks)
+        engine = runner.engines[0] if isinstance(runner, ClusterRunner) else runner
         check_engine_fits(cfg, engine, specs)
         if isinstance(engine.executor, SimulatedExecutor):
             engine.executor.tokens.check_covers([s.id for s in specs])
@@ -253,11 +268,11 @@ def serve(
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
     try:
         hooks.on_run_start(run=info)
-        result = engine.run(specs, tokenizer.eos_token_id)
+        result = runner.run(specs, tokenizer.eos_token_id)
         info.result = result
         info.texts = decode_outputs(tokenizer, result)
     except BaseException as error:  # Ctrl-C included: the measurements so far are kept
-        abort(info, engine, tokenizer, hooks, error)
+        abort(info, runner, tokenizer, hooks, error)
         raise
     info.summary = mark_complete(summarize(result))
     write_results(output_dir, cfg, result, info.summary, info.texts)
@@ -265,7 +280,9 @@ def serve(
     return info
 
 
-def abort(info: RunInfo, engine: Engine, tokenizer: Any, hooks: Any, error: BaseException) -> None:
+def abort(
+    info: RunInfo, engine: Engine | ClusterRunner, tokenizer: Any, hooks: Any, error: BaseException
+) -> None:
     """Write the partial results and tell the observers; never mask `error`.
 
     Anything that fails in here (the books of a half-finished step may not add up) is

@@ -102,11 +102,22 @@ class MlflowConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Replicas behind a router (`router=NAME`): docs/cluster.md."""
+
+    replicas: int = 1  # whole engines, each with its own KV pool and policies; 1: one engine
+    # local: every replica in this process, on one virtual clock (executor=simulated)
+    backend: str = "local"
+
+
+@dataclass
 class RunConfig:
     scheduler: Any = MISSING
     allocator: Any = MISSING
     preemption: Any = MISSING
     output: Any = MISSING
+    router: Any = MISSING
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = MISSING
     workload: Any = MISSING
     executor: ExecutorConfig = MISSING
@@ -165,6 +176,7 @@ _SCHEMAS: tuple[tuple[str, type], ...] = (
     ("model", ModelConfig),
     ("model.tiny", TinySpec),
     ("executor", ExecutorConfig),
+    ("cluster", ClusterConfig),
 )
 
 
@@ -284,6 +296,7 @@ def check_run(cfg: Any) -> None:
     check_engine(cfg.engine)
     check_model(cfg.model)
     check_executor(cfg.executor)
+    check_cluster(cfg)
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
     if cfg.print_limit is not None and cfg.print_limit < 0:
@@ -292,6 +305,23 @@ def check_run(cfg: Any) -> None:
         raise ValueError(
             f"mlflow.max_step_points must be >= 2 (points per per-step series), "
             f"got {cfg.mlflow.max_step_points}"
+        )
+
+
+def check_cluster(cfg: Any) -> None:
+    """A cluster's size and where it runs: one line naming the field."""
+    c = cfg.cluster
+    if isinstance(c.replicas, bool) or not isinstance(c.replicas, int) or c.replicas < 1:
+        raise ValueError(f"cluster.replicas must be an integer >= 1; got {c.replicas}")
+    if c.backend != "local":
+        raise ValueError(
+            f"cluster.backend must be local (every replica in this process); got {c.backend!r}"
+        )
+    if c.replicas > 1 and cfg.executor.name != "simulated":
+        raise ValueError(
+            f"cluster.replicas={c.replicas} runs on executor=simulated (one virtual clock for "
+            "every replica); replicas of the real executor in one process would share its "
+            "cores and their times"
         )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.api.policy import GROUPS
+from framework.api.groups import GROUPS
 from framework.api.registry import Registry
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, IntervalSweep
 from hydra.errors import HydraException
 
-from framework.api.policy import GROUPS
+from framework.api.groups import GROUPS
 from framework.api.registry import Registry
 from framework.run.errors import UserError
 

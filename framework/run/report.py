@@ -36,8 +36,12 @@ def write_results(
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    _write_csv(out / "requests.csv", [request_row(s) for s in result.seqs])
-    write_steps(out / "steps.csv", result.steps)
+    rows = [request_row(s) for s in result.seqs]
+    if result.replica_of is not None:  # a cluster: which replica served each request
+        for row in rows:
+            row["replica"] = result.replica_of.get(row["id"])
+    _write_csv(out / "requests.csv", rows)
+    write_steps(out / "steps.csv", result.steps, replicas=result.step_replicas)
     with (out / "outputs.jsonl").open("w") as f:
         for s in result.seqs:
             f.write(

@@ -32,10 +32,23 @@ MAX_WORKERS = 8
 _steps: list[StepStats] = []  # the rows being written, for the forked workers to read
 
 
-def write_steps(path: Path, steps: list[StepStats], parallel_steps: int = PARALLEL_STEPS) -> None:
-    """steps.csv, header and one row a step (nothing at all for a run without steps)."""
+def write_steps(
+    path: Path,
+    steps: list[StepStats],
+    parallel_steps: int = PARALLEL_STEPS,
+    replicas: list[int] | None = None,
+) -> None:
+    """steps.csv, header and one row a step (nothing at all for a run without steps). A
+    cluster's steps (`replicas`: each step's replica) end in a `replica` column."""
     with path.open("w", newline="") as f:
         if not steps:
+            return
+        if replicas is not None:
+            f.write(",".join((*STEP_COLUMNS, "replica")) + "\r\n")
+            row = STEP_ROW[:-2]
+            f.writelines(
+                f"{row % st.values()},{r}\r\n" for st, r in zip(steps, replicas, strict=True)
+            )
             return
         f.write(",".join(STEP_COLUMNS) + "\r\n")
         workers = _workers() if len(steps) >= parallel_steps else 1

@@ -120,7 +120,42 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # (and then what predicted each step: a measured profile, or an analytic one).
     summary["clock"] = result.clock
     summary.update(result.executor)
+    if result.replicas is not None:
+        summary.update(cluster_summary(result.replicas))
     return summary
+
+
+REPLICA_KEYS = (
+    "requests", "requests_finished", "requests_rejected", "steps", "tokens_kept",
+    "prefill_tokens", "prefix_hit_rate", "preemptions", "peak_blocks", "num_blocks",
+    "makespan_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "e2e_p50_s",
+)  # fmt: skip
+
+
+def served_tokens(result: RunResult) -> int:
+    """Prompt and output tokens of the requests a replica served: the work routed to it,
+    whatever its cache saved."""
+    return sum(s.prompt_len + len(s.output_token_ids) for s in result.seqs)
+
+
+def cluster_summary(replicas: list[RunResult]) -> dict[str, Any]:
+    """A cluster's own figures: each replica's counts and times, and how evenly the router
+    spread the work (`load_imbalance`: the largest replica's served tokens over the mean; 1
+    is even)."""
+    rows = []
+    for i, r in enumerate(replicas):
+        s = summarize(r)
+        rows.append(
+            {"replica": i, "served_tokens": served_tokens(r)} | {k: s[k] for k in REPLICA_KEYS}
+        )
+    served = [row["served_tokens"] for row in rows]
+    mean = sum(served) / len(served)
+    return {
+        "cluster_replicas": len(replicas),
+        "load_imbalance": max(served) / mean if mean else 1.0,
+        "replicas": rows,
+    }
 
 
 COUNT_KEYS = (

@@ -10,6 +10,7 @@
 - `kv_blocks.png`: KV blocks in use per step against the pool size, preemptions marked, and
   the waiting queue.
 - `latency_cdf.png`: the distributions of time to first token and end-to-end latency.
+- `replica_load.png` (a cluster only): each replica's rows and KV blocks in use over time.
 
 The timeline is rebuilt from timestamps: every event is stamped inside the step that ends
 next, so a time maps to a step exactly. A request holds its row from its admission step to
@@ -353,6 +354,26 @@ def _q(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def plot_replica_load(steps: StepColumns, path: Path) -> Path:
+    """A cluster's replicas over time: each one's rows in the forward and KV blocks in use at
+    each of its steps (`steps` with a `replica` column), each curve through its `envelope`."""
+    fig, (rows_ax, blocks_ax) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+    replica = steps["replica"]
+    for r in np.unique(replica).tolist():
+        mine = replica == r
+        t = steps["time"][mine]
+        for ax, column in ((rows_ax, "rows"), (blocks_ax, "blocks_in_use")):
+            values = steps[column][mine]
+            keep = envelope(values)
+            ax.step(t[keep], values[keep], where="post", lw=0.8, label=f"replica {r}")
+    rows_ax.set_ylabel("rows in the forward")
+    blocks_ax.set_ylabel("KV blocks in use")
+    blocks_ax.set_xlabel("time (s)")
+    rows_ax.set_title("load per replica", fontsize=10)
+    rows_ax.legend(loc="upper right", fontsize=7, ncol=4)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -371,13 +392,18 @@ def save_run_plots(run_dir: Path, steps: StepColumns | None = None) -> list[Path
     cfg = OmegaConf.load(run_dir / "config.yaml")
     metrics_path = run_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
-    return [
+    drawn = [
         plot_slot_timeline(
             requests, steps, int(cfg.engine.max_num_seqs), run_dir / "slot_timeline.png"
         ),
         plot_kv_blocks(steps, metrics.get("num_blocks"), run_dir / "kv_blocks.png"),
         plot_latency_cdf(requests, run_dir / "latency_cdf.png"),
     ]
+    if metrics.get("replicas"):  # a cluster: its steps.csv says which replica ran each step
+        columns = ("time", "rows", "blocks_in_use", "replica")
+        load = read_step_columns(run_dir / "steps.csv", columns)
+        drawn.append(plot_replica_load(load, run_dir / "replica_load.png"))
+    return drawn
 
 
 if __name__ == "__main__":

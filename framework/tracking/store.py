@@ -156,9 +156,13 @@ class TrackingStore:
             )
 
     def log_summary(self, run_id: str, summary: Mapping[str, Any]) -> None:
-        """The numeric entries of a summary, at step 0 (None and text are skipped)."""
+        """The numeric entries of a summary, at step 0 (None and text are skipped); a
+        cluster's per-replica rows as `replica.<i>.<metric>`."""
         now = int(time.time() * 1000)
-        rows = [(k, float(v), now, 0) for k, v in summary.items() if isinstance(v, int | float)]
+        flat = dict(summary)
+        for row in summary.get("replicas") or ():
+            flat.update({f"replica.{row['replica']}.{k}": v for k, v in row.items()})
+        rows = [(k, float(v), now, 0) for k, v in flat.items() if isinstance(v, int | float)]
         self.log_metrics(run_id, rows, "the summary")
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:

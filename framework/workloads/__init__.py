@@ -1,9 +1,9 @@
 """Workloads: configs in, `list[RequestSpec]` out, sorted by arrival.
 
-A workload is chosen by its `kind` (chat, fixed, jsonl, multiturn, shared_prefix, synthetic,
-trace); presets such as `straggler` are YAML files in `conf/workload/` that reuse a kind's
-schema. Every builder returns requests with ids `r0, r1, ...` in the workload's own order and
-seeds `seed + i`, and `build_workload` then sorts them by arrival (stably, so simultaneous
+A workload is chosen by its `kind` (chat, fixed, jsonl, mooncake, multiturn, shared_prefix,
+synthetic, trace); presets such as `straggler` are YAML files in `conf/workload/` that reuse a
+kind's schema. Every builder returns requests with ids `r0, r1, ...` in the workload's own order
+and seeds `seed + i`, and `build_workload` then sorts them by arrival (stably, so simultaneous
 requests keep that order).
 """
 
@@ -22,6 +22,7 @@ from framework.workloads.config import (
     ChatWorkloadConfig,
     FixedWorkloadConfig,
     JsonlWorkloadConfig,
+    MooncakeWorkloadConfig,
     MultiturnWorkloadConfig,
     SharedPrefixWorkloadConfig,
     SyntheticWorkloadConfig,
@@ -32,6 +33,7 @@ from framework.workloads.config import (
 )
 from framework.workloads.fixed import build_fixed, check_fixed
 from framework.workloads.jsonl import build_jsonl, read_jsonl
+from framework.workloads.mooncake import build_mooncake, mooncake_rows, mooncake_sizes
 from framework.workloads.multiturn import build_multiturn, multiturn_sizes
 from framework.workloads.shared_prefix import build_shared_prefix, shared_prefix_sizes
 from framework.workloads.synthetic import build_synthetic, synthetic_shape
@@ -41,6 +43,7 @@ __all__ = [
     "ChatWorkloadConfig",
     "FixedWorkloadConfig",
     "JsonlWorkloadConfig",
+    "MooncakeWorkloadConfig",
     "MultiturnWorkloadConfig",
     "SharedPrefixWorkloadConfig",
     "SyntheticWorkloadConfig",
@@ -55,6 +58,7 @@ _BUILDERS: dict[str, Callable[[Any, PreTrainedTokenizerBase], list[RequestSpec]]
     "chat": build_chat,
     "fixed": build_fixed,
     "jsonl": build_jsonl,
+    "mooncake": build_mooncake,
     "multiturn": build_multiturn,
     "shared_prefix": build_shared_prefix,
     "synthetic": build_synthetic,
@@ -79,8 +83,8 @@ def check_workload(cfg: Any) -> list[int] | None:
     loads: field types and ranges, files, rows and lines (with file and line numbers).
 
     Returns each request's prompt + max_tokens when they are known without tokenizing
-    (fixed, multiturn, shared_prefix, synthetic, trace), so the KV pool can be checked before
-    loading too; None for workloads whose prompts are text (chat, jsonl).
+    (fixed, mooncake, multiturn, shared_prefix, synthetic, trace), so the KV pool can be checked
+    before loading too; None for workloads whose prompts are text (chat, jsonl).
     """
     typed = as_config(cfg)
     check_sampling(typed)
@@ -91,6 +95,8 @@ def check_workload(cfg: Any) -> list[int] | None:
         return [p + o for p, o in zip(typed.prompt_lens, typed.output_lens, strict=True)]
     elif isinstance(typed, JsonlWorkloadConfig):
         read_jsonl(typed)
+    elif isinstance(typed, MooncakeWorkloadConfig):
+        return mooncake_sizes(typed, mooncake_rows(typed))
     elif isinstance(typed, MultiturnWorkloadConfig):
         return multiturn_sizes(typed)
     elif isinstance(typed, SharedPrefixWorkloadConfig):

@@ -114,6 +114,26 @@ class TraceWorkloadConfig(WorkloadConfig):
 
 
 @dataclass
+class MooncakeWorkloadConfig(WorkloadConfig):
+    """Replay of a Mooncake trace (JSON Lines: timestamp in ms, input_length, output_length,
+    hash_ids), with the prefix sharing its hash ids record.
+
+    Hash id k of a line names the k-th `block_tokens`-token block of its prompt, so requests
+    whose lists start alike share that prefix; each id stands for a fixed block of seeded token
+    ids (see `mooncake.py`). `start`, `limit`, `time_scale` and the caps are as for `trace`.
+    """
+
+    kind: str = "mooncake"
+    path: str = MISSING
+    start: int = 0  # first line (0-based, blank lines not counted)
+    limit: int | None = 100  # lines from `start`; None: to the end of the file
+    time_scale: float = 1.0
+    block_tokens: int = 512  # tokens per hash id (the published traces use 512)
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+
+@dataclass
 class SharedPrefixWorkloadConfig(WorkloadConfig):
     """N system prompts x M questions: what prefix caching is for.
 
@@ -164,6 +184,7 @@ SCHEMAS: dict[str, type[WorkloadConfig]] = {
     "chat": ChatWorkloadConfig,
     "fixed": FixedWorkloadConfig,
     "jsonl": JsonlWorkloadConfig,
+    "mooncake": MooncakeWorkloadConfig,
     "multiturn": MultiturnWorkloadConfig,
     "shared_prefix": SharedPrefixWorkloadConfig,
     "synthetic": SyntheticWorkloadConfig,

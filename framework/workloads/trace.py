@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from framework.engine.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
-from framework.workloads.config import TraceWorkloadConfig
+from framework.workloads.config import MooncakeWorkloadConfig, TraceWorkloadConfig
 from framework.workloads.text import exact_length_prompts
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -88,13 +88,13 @@ def read_trace(path: Path, start: int, limit: int | None) -> list[TraceRow]:
     return rows
 
 
-def _clamp(count: int, cap: int | None) -> int:
+def clamp_count(count: int, cap: int | None) -> int:
+    """A recorded token count under its cap (None: no cap), and at least 1."""
     return max(1, count if cap is None else min(count, cap))
 
 
-def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
-    """The slice's rows, every option checked (no tokenizer needed, so a missing file or a
-    malformed row is reported before any model loads)."""
+def check_replay(cfg: TraceWorkloadConfig | MooncakeWorkloadConfig) -> None:
+    """The options every trace replay shares: the row slice, `time_scale` and the caps."""
     require_at_least("start", cfg.start, 0)
     if cfg.limit is not None:
         require_at_least("limit", cfg.limit, 1)
@@ -104,6 +104,11 @@ def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
         if cap is not None:
             require_at_least(name, cap, 1)
 
+
+def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
+    """The slice's rows, every option checked (no tokenizer needed, so a missing file or a
+    malformed row is reported before any model loads)."""
+    check_replay(cfg)
     # Relative to where the user launched the run, even if Hydra changed the working directory.
     return read_trace(Path(to_absolute_path(cfg.path)), cfg.start, cfg.limit)
 
@@ -111,8 +116,8 @@ def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
 def trace_sizes(cfg: TraceWorkloadConfig, rows: list[TraceRow]) -> list[int]:
     """Each request's prompt + max_tokens after the caps: what the KV pool must hold."""
     return [
-        _clamp(r.context_tokens, cfg.max_prompt_tokens)
-        + _clamp(r.generated_tokens, cfg.max_output_tokens)
+        clamp_count(r.context_tokens, cfg.max_prompt_tokens)
+        + clamp_count(r.generated_tokens, cfg.max_output_tokens)
         for r in rows
     ]
 
@@ -121,7 +126,7 @@ def build_trace(cfg: TraceWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
     """One request per row of the slice, ids in row order."""
     rows = trace_rows(cfg)
     t0 = min(row.time for row in rows)
-    prompt_lens = [_clamp(row.context_tokens, cfg.max_prompt_tokens) for row in rows]
+    prompt_lens = [clamp_count(row.context_tokens, cfg.max_prompt_tokens) for row in rows]
     prompts = exact_length_prompts(tokenizer, prompt_lens, np.random.default_rng(cfg.seed))
     return [
         RequestSpec(
@@ -130,7 +135,7 @@ def build_trace(cfg: TraceWorkloadConfig, tokenizer: PreTrainedTokenizerBase) ->
             sampling=sampling_for(
                 cfg,
                 i,
-                max_tokens=_clamp(row.generated_tokens, cfg.max_output_tokens),
+                max_tokens=clamp_count(row.generated_tokens, cfg.max_output_tokens),
                 ignore_eos=True,
             ),
             arrival=(row.time - t0).total_seconds() * cfg.time_scale,

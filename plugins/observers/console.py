@@ -115,10 +115,27 @@ class ConsoleObserver:
             t.add_column("metric")
             t.add_column("value", justify="right")
         for k, v in summary.items():
+            if k == "replicas":  # a cluster's: a table of its own, below
+                continue
             (counts if k in COUNT_KEYS else times).add_row(k, _fmt(v))
         self.console.print(counts)
         self.console.print(times)
+        if summary.get("replicas"):
+            self.console.print(self._replicas(summary["replicas"]))
         self.console.print(f"results in {run.output_dir}")
+
+    @staticmethod
+    def _replicas(rows: list[dict[str, Any]]) -> Table:
+        """A cluster's replicas side by side: what each served and how fast."""
+        keys = ("requests", "served_tokens", "steps", "prefix_hit_rate", "preemptions",
+                "makespan_s", "ttft_p50_s", "tpot_p50_s")  # fmt: skip
+        table = Table(title="replicas")
+        table.add_column("replica")
+        for k in keys:
+            table.add_column(k, justify="right")
+        for row in rows:
+            table.add_row(str(row["replica"]), *(_fmt(row.get(k)) for k in keys))
+        return table
 
     def _answers(self, run: Any) -> None:
         """Each request's answer (or why it was rejected), the first `print_limit` of them."""

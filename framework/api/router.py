@@ -1,0 +1,123 @@
+"""The fifth policy group: a router sends each arriving request to one replica of a cluster.
+
+A cluster (`cluster.replicas=N`) is N whole engines, each with its own KV pool and its own
+scheduler, allocator, preemption and output policies, behind one router. A request reaches
+the router at its arrival time; the router reads a `ClusterView` (one read-only
+`ReplicaView` per replica, as each stands at that moment) and returns the index of the
+replica that serves it. The cluster checks the decision: an index out of range, or anything
+that is not an int, is a `PolicyError` naming the router.
+
+Registering is as for the other groups: a plugin module implements
+`register_routers(register)` and calls `register(name, RouterClass, ConfigClass)`; the
+config's fields are the router's options (`router.<field>=...`). A router with a seed reads
+`cfg.seed` (every router config has one: the run's `seed` unless set apart).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from framework.api.policy import PolicyConfig
+
+if TYPE_CHECKING:
+    from framework.engine.loop import Engine
+    from framework.engine.request import RequestSpec
+
+
+@dataclass
+class RouterConfig(PolicyConfig):
+    seed: int = 0  # routers that draw at random draw from this seed
+
+
+class ReplicaView:
+    """One replica as it stands when a request arrives: read-only. Every figure is computed
+    when asked (a router that reads only `waiting` and `running` costs no more than that)."""
+
+    __slots__ = ("_engine", "index")
+
+    def __init__(self, index: int, engine: Engine) -> None:
+        self.index = index
+        self._engine = engine
+
+    @property
+    def waiting(self) -> int:
+        """Requests routed here and not running: not yet arrived at its clock, or queued."""
+        return len(self._engine.pending) + len(self._engine.waiting)
+
+    @property
+    def running(self) -> int:
+        """Rows of its next forward (finished rows a static batch keeps included)."""
+        return len(self._engine.running)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests it holds that are not finished: waiting and running."""
+        return self.waiting + sum(1 for s in self._engine.running if not s.finished)
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens it still has to compute: the waiting requests' whole prompts and
+        what the running rows have left of theirs."""
+        e = self._engine
+        queued = sum(s.prompt_len for s in e.pending) + sum(
+            max(0, s.num_tokens - s.num_computed) for s in e.waiting
+        )
+        return queued + sum(
+            max(0, s.prompt_len - s.num_computed) for s in e.running if not s.finished
+        )
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens it may still generate: each unfinished request's `max_tokens` less what it
+        has generated (an upper bound: a request may stop early)."""
+        e = self._engine
+        held = [*e.pending, *e.waiting, *(s for s in e.running if not s.finished)]
+        return sum(max(0, s.sampling.max_tokens - len(s.output_token_ids)) for s in held)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    @property
+    def blocks_used(self) -> int:
+        return self._engine.pool.num_used
+
+    @property
+    def blocks_free(self) -> int:
+        """Free blocks, cached-and-evictable ones included (both can be handed out)."""
+        return self._engine.pool.num_free
+
+    @property
+    def num_blocks(self) -> int:
+        return self._engine.pool.num_blocks
+
+    def cached_prefix(self, request: RequestSpec) -> int:
+        """Leading prompt tokens of `request` its prefix cache holds now (whole blocks; 0
+        when its allocator caches nothing)."""
+        return self._engine.pool.cached_prefix(request.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster when a request arrives: `now` (the arrival time, seconds), and the
+    replicas in index order."""
+
+    now: float
+    replicas: Seq[ReplicaView]
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+
+class Router(ABC):
+    """Chooses the replica that serves each request."""
+
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def route(self, view: ClusterView, request: RequestSpec) -> int:
+        """The index (0..len(view) - 1) of the replica that serves `request`."""

@@ -1,0 +1,84 @@
+"""A cluster run (`cluster.replicas` > 1): its engines and router built from the run's config,
+run as one replay (`framework.engine.cluster`), and the replicas' results merged into one
+`RunResult` whose totals sit under the same keys as one engine's.
+
+Merging: requests in the workload's order, steps in time order (each with its replica),
+counters summed, pools added up (`num_blocks` the cluster's blocks, `peak_blocks` the sum of
+each replica's own peak: an upper bound of the cluster's simultaneous peak). Each replica's
+own result stays in `replicas`, for `metrics.json`'s per-replica list.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.api.registry import registry
+from framework.api.router import Router
+from framework.engine.cluster import Cluster, ClusterResult
+from framework.engine.counters import Counters
+from framework.engine.loop import Engine, RunResult
+from framework.engine.request import RequestSpec
+
+
+def build_router(cfg: DictConfig) -> tuple[Router, str, str]:
+    """The configured router, its name and its provider (for error messages)."""
+    reg = registry()
+    router_cfg = OmegaConf.create(OmegaConf.to_container(cfg.router, resolve=True))
+    router = reg.build("router", router_cfg)
+    name = str(cfg.router.name)
+    return router, name, reg.get("router", name).provider.label
+
+
+class ClusterRunner:
+    """Runs like an engine (`run`, `partial_result`), over a cluster."""
+
+    def __init__(self, engines: list[Engine], router: Router, name: str, provider: str) -> None:
+        self.engines = engines
+        self.cluster = Cluster(engines, router, name, provider)
+        self.specs: list[RequestSpec] = []
+
+    @property
+    def executor(self) -> Any:
+        return self.engines[0].executor
+
+    def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
+        self.specs = specs
+        return merge(self.cluster.run(specs, eos_token_id), specs)
+
+    def partial_result(self) -> RunResult:
+        return merge(self.cluster.partial_result(), self.specs)
+
+
+def merge(result: ClusterResult, specs: list[RequestSpec]) -> RunResult:
+    """The replicas' results as one `RunResult` (see the module's note)."""
+    parts = result.replicas
+    order = {s.id: i for i, s in enumerate(specs)}
+    seqs = sorted((s for r in parts for s in r.seqs), key=lambda s: order.get(s.id, len(order)))
+    tagged = heapq.merge(
+        *([(st.time, i, k) for k, st in enumerate(r.steps)] for i, r in enumerate(parts))
+    )
+    steps, step_replicas = [], []
+    for _, i, k in tagged:
+        steps.append(parts[i].steps[k])
+        step_replicas.append(i)
+    counters = Counters()
+    for f in fields(Counters):
+        setattr(counters, f.name, sum(getattr(r.counters, f.name) for r in parts))
+    first = parts[0]
+    return RunResult(
+        seqs,
+        steps,
+        counters,
+        first.max_num_seqs,
+        sum(r.peak_blocks for r in parts),
+        sum(r.num_blocks for r in parts),
+        clock=first.clock,
+        executor=first.executor,
+        replica_of=result.replica_of,
+        step_replicas=step_replicas,
+        replicas=parts,
+    )
