@@ -243,8 +243,13 @@ def test_a_router_decision_out_of_range_is_stopped_by_name(shape: tuple[Any, Any
         (["cluster.replicas=0"], "cluster.replicas must be an integer >= 1; got 0"),
         (["router=nearest"], "unknown policy router=nearest"),
         (["router=prefix_aware", "router.min_match=2"], "router.min_match must be in [0, 1]"),
-        (["cluster.backend=ray"], "cluster.backend must be local"),
-        (["executor=model", "cluster.replicas=2"], "cluster.replicas=2 runs on executor=simulated"),
+        (["cluster.backend=spark"], "cluster.backend must be local (every replica in this"),
+        (["cluster.backend=ray"], "cluster.backend=ray runs replicas of the real executor"),
+        (["executor=model", "cluster.replicas=2"], "executor=model needs cluster.backend=ray"),
+        (
+            ["executor=model", "cluster.backend=ray", "cluster.ray_address=nowhere"],
+            "cluster.ray_address must be null, auto or HOST:PORT",
+        ),
     ],
 )
 def test_bad_cluster_input_is_one_line(

@@ -9,6 +9,7 @@ end, so no `ray stop` (which would stop every Ray on the machine).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -144,3 +145,72 @@ def test_a_sweep_on_a_ray_cluster_is_one_parent_with_a_child_per_job(
     assert all(c.info.status == "FINISHED" for c in children)
     assert all(c.data.tags["nanoserve.kind"] == "job" for c in children)
     assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
+
+
+def test_real_replicas_on_ray_serve_what_one_engine_serves(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """`cluster.backend=ray`: two tiny-model replicas as Ray actors on the local cluster, the
+    router in the driver. The same greedy tokens as one engine, every request served once,
+    the replicas' counts adding up, and the run folder and MLflow run shaped as a simulated
+    cluster's (docs/cluster.md)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, **LOOPBACK_ONLY, "MLFLOW_TRACKING_URI": uri}
+    for key in ("NANOSERVE_MLFLOW_PARENT", "RAY_ADDRESS"):
+        env.pop(key, None)
+    common = ["model=tiny", "workload=straggler", "threads=1", "print_outputs=false"]
+    cluster, alone = tmp_path / "cluster", tmp_path / "alone"
+    runs = [
+        [*common, "cluster.replicas=2", "cluster.backend=ray", f"cluster.ray_address={ray_cluster}",
+         "router=least_tokens", "observers=[console,mlflow]", "mlflow.experiment=ray_replicas",
+         "mlflow.background=false", f"hydra.run.dir={cluster}"],
+        [*common, "observers=[]", f"hydra.run.dir={alone}"],
+    ]  # fmt: skip
+    for args in runs:
+        proc = subprocess.run(
+            [sys.executable, "run.py", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def outputs(folder: Path) -> dict[str, list[int]]:
+        lines = (folder / "outputs.jsonl").read_text().splitlines()
+        return {d["id"]: d["output_token_ids"] for d in map(json.loads, lines)}
+
+    assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 8
+    metrics = json.loads((cluster / "metrics.json").read_text())
+    assert metrics["cluster_replicas"] == 2 and metrics["incomplete"] is False
+    for key in ("requests", "requests_finished", "steps", "tokens_kept", "prefill_tokens"):
+        assert sum(r[key] for r in metrics["replicas"]) == metrics[key], key
+    assert all(r["requests"] > 0 for r in metrics["replicas"])  # least_tokens spreads them
+    requests = (cluster / "requests.csv").read_text().splitlines()
+    assert requests[0].endswith(",replica") and {r[-1] for r in requests[1:]} == {"0", "1"}
+    assert (cluster / "steps.csv").read_text().splitlines()[0].endswith(",replica")
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ray_replicas")
+    assert exp is not None
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["replica.0.requests"] + run.data.metrics["replica.1.requests"] == 8
+
+
+def test_real_replicas_start_a_ray_of_their_own_on_loopback(tmp_path: Path) -> None:
+    """With no `cluster.ray_address` the run starts Ray for itself, on 127.0.0.1, and leaves
+    nothing in the user's home (Ray would write its auth token to ~/.ray, where every later
+    Ray client would pick it up)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    cache = os.environ.get("NANOSERVE_CACHE") or str(Path.home() / ".cache" / "nanoserve")
+    env = {**os.environ, **LOOPBACK_ONLY, "HOME": str(home), "NANOSERVE_CACHE": cache}
+    for key in ("NANOSERVE_MLFLOW_PARENT", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, "run.py", "model=tiny", "workload=straggler", "threads=1",
+         "cluster.replicas=2", "cluster.backend=ray", "observers=[]",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["requests_finished"] == 8 and metrics["cluster_replicas"] == 2
+    assert not (home / ".ray").exists()

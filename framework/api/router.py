@@ -101,12 +101,44 @@ class ReplicaView:
 
 
 @dataclass(frozen=True)
+class ReplicaState:
+    """The same figures as `ReplicaView`, taken at one moment for one request: what a router
+    reads of a replica in another process (`cluster.backend=ray`)."""
+
+    index: int
+    waiting: int
+    running: int
+    outstanding: int
+    prefill_tokens: int
+    decode_tokens: int
+    blocks_used: int
+    blocks_free: int
+    num_blocks: int
+    prefix: int  # `cached_prefix` of the request being routed
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    def cached_prefix(self, request: RequestSpec) -> int:
+        return self.prefix
+
+    @classmethod
+    def of(cls, view: ReplicaView, request: RequestSpec) -> ReplicaState:
+        return cls(
+            view.index, view.waiting, view.running, view.outstanding, view.prefill_tokens,
+            view.decode_tokens, view.blocks_used, view.blocks_free, view.num_blocks,
+            view.cached_prefix(request),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """The cluster when a request arrives: `now` (the arrival time, seconds), and the
     replicas in index order."""
 
     now: float
-    replicas: Seq[ReplicaView]
+    replicas: Seq[ReplicaView] | Seq[ReplicaState]
 
     def __len__(self) -> int:
         return len(self.replicas)

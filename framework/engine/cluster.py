@@ -83,22 +83,8 @@ class Cluster:
 
     def _route(self, spec: RequestSpec, eos_token_id: int | None) -> None:
         view = ClusterView(now=spec.arrival, replicas=self.views)
-        chosen = self.router.route(view, spec)
-        if isinstance(chosen, bool) or not isinstance(chosen, int):
-            raise self._fail(f"returned {chosen!r} for {spec.id}, not a replica index")
-        if not 0 <= chosen < len(self.engines):
-            raise self._fail(
-                f"sent {spec.id} to replica {chosen}; the cluster has replicas "
-                f"0..{len(self.engines) - 1}"
-            )
-        if spec.id in self.replica_of:
-            raise self._fail(f"{spec.id} was routed twice")
-        self.replica_of[spec.id] = chosen
+        chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider)
         self.engines[chosen].submit(spec, eos_token_id)
-
-    def _fail(self, msg: str) -> PolicyError:
-        tag = f" ({self.provider})" if self.provider else ""
-        return PolicyError(f"router policy {self.name!r}{tag}: {msg}")
 
     def partial_result(self) -> ClusterResult:
         return ClusterResult([e.partial_result() for e in self.engines], dict(self.replica_of))
@@ -107,6 +93,34 @@ class Cluster:
         results = [e.finish() for e in self.engines]
         check_served_once(specs, results, self.replica_of)
         return ClusterResult(results, dict(self.replica_of))
+
+
+def route(
+    router: Router | Guarded,
+    view: ClusterView,
+    spec: RequestSpec,
+    replica_of: dict[str, int],
+    name: str,
+    provider: str | None,
+) -> int:
+    """The router's choice for `spec`, checked (an index in range, each request once) and
+    recorded in `replica_of`; a choice that breaks the contract is a `PolicyError` naming
+    the router."""
+
+    def fail(msg: str) -> PolicyError:
+        tag = f" ({provider})" if provider else ""
+        return PolicyError(f"router policy {name!r}{tag}: {msg}")
+
+    chosen = router.route(view, spec)
+    if isinstance(chosen, bool) or not isinstance(chosen, int):
+        raise fail(f"returned {chosen!r} for {spec.id}, not a replica index")
+    if not 0 <= chosen < len(view):
+        last = len(view) - 1
+        raise fail(f"sent {spec.id} to replica {chosen}; the cluster has replicas 0..{last}")
+    if spec.id in replica_of:
+        raise fail(f"{spec.id} was routed twice")
+    replica_of[spec.id] = chosen
+    return chosen
 
 
 def check_served_once(

@@ -6,7 +6,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +34,9 @@ from framework.run.report import mark_complete, mark_incomplete, write_marker, w
 from framework.run.simulation import ModelShape, build_simulated, is_simulated
 from framework.run.summary import summarize
 from framework.workloads import build_workload, check_workload
+
+if TYPE_CHECKING:
+    from framework.run.ray_replicas import RayRunner
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +92,18 @@ def model_dims(model: Any) -> tuple[int, int, int]:
     return c.num_hidden_layers, c.num_key_value_heads, head_dim
 
 
-def load(cfg: DictConfig) -> tuple[Any, Any, torch.device, torch.dtype]:
-    """(model, tokenizer, device, dtype) for a config; the slow part, reusable across runs."""
+def on_ray(cfg: DictConfig) -> bool:
+    """The replicas load the model themselves, as Ray actors (`cluster.backend=ray`)."""
+    return cfg.get("cluster") is not None and cfg.cluster.backend == "ray"
+
+
+def load(cfg: DictConfig, weights: bool = True) -> tuple[Any, Any, torch.device, torch.dtype]:
+    """(model, tokenizer, device, dtype) for a config; the slow part, reusable across runs.
+    Without `weights` (a simulation, or replicas that load their own), the model's shape."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype)
     tiny = TinySpec(**OmegaConf.to_container(cfg.model.tiny)) if "tiny" in cfg.model else None
-    if is_simulated(cfg):  # the model's shape and tokenizer, no weights; tensors on the host
+    if is_simulated(cfg) or not weights:  # the shape and tokenizer, no weights; on the host
         config, tokenizer = load_model_config(
             cfg.model.source, cfg.model.path, cfg.model.cache_dir, tiny
         )
@@ -112,9 +121,15 @@ def load(cfg: DictConfig) -> tuple[Any, Any, torch.device, torch.dtype]:
 
 
 def build_engine(
-    cfg: DictConfig, model: Any, device: torch.device, dtype: torch.dtype, hooks: Any
+    cfg: DictConfig,
+    model: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    hooks: Any,
+    say: bool = True,
 ) -> Engine:
-    """Pool, cache, executor and policies for one run over an already loaded model."""
+    """Pool, cache, executor and policies for one run over an already loaded model (`say`:
+    whether a simulated one says which profile it uses; a cluster's first replica does)."""
     policies = build_policies(cfg)
     e = cfg.engine
     layers, kv_heads, head_dim = model_dims(model)
@@ -141,7 +156,7 @@ def build_engine(
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
     if is_simulated(cfg):  # no KV tensors: the scratch block is only a number
-        executor, clock = build_simulated(cfg, model)
+        executor, clock = build_simulated(cfg, model, say)
         scratch = num_blocks
     else:
         # The real executor's modules (transformers' modelling code) only where a model
@@ -173,13 +188,18 @@ def build_engine(
 
 def build_runner(
     cfg: DictConfig, model: Any, device: torch.device, dtype: torch.dtype, hooks: Any
-) -> Engine | ClusterRunner:
-    """One engine, or `cluster.replicas` of them behind the configured router."""
+) -> Engine | ClusterRunner | RayRunner:
+    """One engine, or `cluster.replicas` of them behind the configured router: in this
+    process, or as Ray actors (`cluster.backend=ray`)."""
     replicas = int(cfg.cluster.replicas)
+    if cfg.cluster.backend == "ray":
+        from framework.run.ray_replicas import RayRunner
+
+        return RayRunner(cfg, replicas, *build_router(cfg))
     if replicas == 1:
         return build_engine(cfg, model, device, dtype, hooks)
     router, name, provider = build_router(cfg)
-    engines = [build_engine(cfg, model, device, dtype, hooks) for _ in range(replicas)]
+    engines = [build_engine(cfg, model, device, dtype, hooks, i == 0) for i in range(replicas)]
     return ClusterRunner(engines, router, name, provider)
 
 
@@ -256,14 +276,15 @@ def serve(
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         torch.manual_seed(cfg.seed)
-        model, tokenizer, device, dtype = loaded or load(cfg)
+        model, tokenizer, device, dtype = loaded or load(cfg, weights=not on_ray(cfg))
         specs = build_workload(OmegaConf.to_container(cfg.workload, resolve=True), tokenizer)
         hooks = guard_hooks(hooks, registry())
         runner = build_runner(cfg, model, device, dtype, hooks)
         engine = runner.engines[0] if isinstance(runner, ClusterRunner) else runner
-        check_engine_fits(cfg, engine, specs)
-        if isinstance(engine.executor, SimulatedExecutor):
-            engine.executor.tokens.check_covers([s.id for s in specs])
+        if isinstance(engine, Engine):  # (Ray's replicas each refuse what cannot fit)
+            check_engine_fits(cfg, engine, specs)
+            if isinstance(engine.executor, SimulatedExecutor):
+                engine.executor.tokens.check_covers([s.id for s in specs])
 
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
     try:
@@ -281,7 +302,11 @@ def serve(
 
 
 def abort(
-    info: RunInfo, engine: Engine | ClusterRunner, tokenizer: Any, hooks: Any, error: BaseException
+    info: RunInfo,
+    engine: Engine | ClusterRunner | RayRunner,
+    tokenizer: Any,
+    hooks: Any,
+    error: BaseException,
 ) -> None:
     """Write the partial results and tell the observers; never mask `error`.
 

@@ -106,8 +106,10 @@ class ClusterConfig:
     """Replicas behind a router (`router=NAME`): docs/cluster.md."""
 
     replicas: int = 1  # whole engines, each with its own KV pool and policies; 1: one engine
-    # local: every replica in this process, on one virtual clock (executor=simulated)
+    # local: every replica in this process, on one virtual clock (executor=simulated);
+    # ray: each replica a Ray actor over the real executor, the router in this process
     backend: str = "local"
+    ray_address: str | None = None  # backend=ray: null starts Ray here; auto or HOST:PORT joins
 
 
 @dataclass
@@ -313,15 +315,22 @@ def check_cluster(cfg: Any) -> None:
     c = cfg.cluster
     if isinstance(c.replicas, bool) or not isinstance(c.replicas, int) or c.replicas < 1:
         raise ValueError(f"cluster.replicas must be an integer >= 1; got {c.replicas}")
-    if c.backend != "local":
+    if c.backend not in ("local", "ray"):
         raise ValueError(
-            f"cluster.backend must be local (every replica in this process); got {c.backend!r}"
+            f"cluster.backend must be local (every replica in this process) or ray (each "
+            f"replica a Ray actor); got {c.backend!r}"
         )
-    if c.replicas > 1 and cfg.executor.name != "simulated":
+    simulated = cfg.executor.name == "simulated"
+    if c.backend == "ray" and simulated:
         raise ValueError(
-            f"cluster.replicas={c.replicas} runs on executor=simulated (one virtual clock for "
-            "every replica); replicas of the real executor in one process would share its "
-            "cores and their times"
+            "cluster.backend=ray runs replicas of the real executor (executor=model); a "
+            "simulated cluster runs in one process on one virtual clock (cluster.backend=local)"
+        )
+    if c.backend == "local" and c.replicas > 1 and not simulated:
+        raise ValueError(
+            f"cluster.replicas={c.replicas} with executor=model needs cluster.backend=ray: "
+            "replicas of the real executor in one process would share its cores and their "
+            "times (a local cluster runs on executor=simulated)"
         )
 
 

@@ -166,8 +166,11 @@ def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape
         )
 
 
-def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecutor, VirtualClock]:
-    """The executor and the virtual clock of a simulated run."""
+def build_simulated(
+    cfg: DictConfig, shape: ModelShape, say: bool = True
+) -> tuple[SimulatedExecutor, VirtualClock]:
+    """The executor and the virtual clock of a simulated run (of one replica: `say` is
+    whether it says which profile it uses, once for a whole cluster)."""
     path = choose_profile(cfg, shape)
     x = cfg.executor
     if path is None:
@@ -175,14 +178,15 @@ def build_simulated(cfg: DictConfig, shape: ModelShape) -> tuple[SimulatedExecut
         path = f"analytic:{cost.hardware.id}" + (
             f"-tp{x.tensor_parallel}" if x.tensor_parallel > 1 else ""
         )
-        print(
-            f"executor=simulated: no profile measured on this CPU for {model_id(shape.config)} "
-            f"in {cfg.dtype}; using the analytic profile of this model on "
-            f"{cost.hardware.name}"
-            + (f" x{x.tensor_parallel} ({x.interconnect})" if x.tensor_parallel > 1 else "")
-            + ": its seconds are an estimate for that GPU, not a measurement",
-            file=sys.stderr,
-        )
+        if say:
+            print(
+                f"executor=simulated: no profile measured on this CPU for {model_id(shape.config)} "
+                f"in {cfg.dtype}; using the analytic profile of this model on "
+                f"{cost.hardware.name}"
+                + (f" x{x.tensor_parallel} ({x.interconnect})" if x.tensor_parallel > 1 else "")
+                + ": its seconds are an estimate for that GPU, not a measurement",
+                file=sys.stderr,
+            )
     else:
         cost = load_cost_model(path)
         check_profile(cfg, cost, path, shape)
