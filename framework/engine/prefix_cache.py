@@ -125,7 +125,10 @@ class PrefixCachingPool(BlockPool):
         """The cached blocks holding `seq`'s leading full blocks. At most (tokens - 1) //
         block_size: the last token is always computed, so the row samples from its own
         forward and never writes into a shared block."""
-        return self.match(seq.tokens_from(0), (seq.num_tokens - 1) // self.block_size)
+        # A request with no output yet is its prompt: looked up in place, not copied (a
+        # waiting request is looked up at every admission step).
+        tokens = seq.tokens_from(0) if seq.output_token_ids else seq.spec.prompt_token_ids
+        return self.match(tokens, (seq.num_tokens - 1) // self.block_size)
 
     def cached_tokens(self, seq: Sequence) -> int:
         """`seq`'s leading tokens found cached now (whole blocks)."""
@@ -145,8 +148,15 @@ class PrefixCachingPool(BlockPool):
         for seq in running:
             known = min(seq.num_computed, seq.num_tokens)
             if known // bs > seq.prefix_published:
+                # Only the positions past what is published: a long prompt is not copied
+                # whole each time one more block of it fills.
+                first = seq.prefix_published * bs
                 seq.prefix_published = self.publish(
-                    seq.id, seq.block_table, seq.tokens_between(0, known), seq.prefix_published
+                    seq.id,
+                    seq.block_table,
+                    seq.tokens_between(first, known),
+                    seq.prefix_published,
+                    first,
                 )
         counters.prefix_evictions = self.evictions
 
@@ -178,13 +188,16 @@ class PrefixCachingPool(BlockPool):
             self._hits[b] += 1
         self.peak_used = max(self.peak_used, self.num_used)
 
-    def publish(self, owner: str, table: Seq[int], tokens: Seq[int], start: int) -> int:
+    def publish(
+        self, owner: str, table: Seq[int], tokens: Seq[int], start: int, offset: int = 0
+    ) -> int:
         """Publish `owner`'s full blocks from block `start` on whose K/V is written: the
-        caller passes the tokens of the written positions only. Returns how many of the
-        table's blocks are now published or were already (the next call's `start`). A block
-        whose prefix another block already publishes stays private."""
+        caller passes the tokens of the written positions only, from position `offset` (at
+        most `start` x block_size) on. Returns how many of the table's blocks are now
+        published or were already (the next call's `start`). A block whose prefix another
+        block already publishes stays private."""
         bs = self.block_size
-        full = len(tokens) // bs
+        full = (offset + len(tokens)) // bs
         parent = b""
         if start > 0:
             got = self._chain[table[start - 1]]
@@ -197,7 +210,7 @@ class PrefixCachingPool(BlockPool):
                 raise BlockPoolError(f"{owner} published block {b}, which it does not hold")
             h = self._chain[b]
             if h is None:
-                chunk = tuple(tokens[i * bs : (i + 1) * bs])
+                chunk = tuple(tokens[i * bs - offset : (i + 1) * bs - offset])
                 h = block_hash(parent, chunk, self.salt)
                 self._chain[b] = h
                 if h not in self._by_hash:
