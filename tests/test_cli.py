@@ -170,10 +170,12 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
         "fixed",
         "jsonl",
         "mooncake",
+        "mooncake_slice",
         "multiturn",
         "shared_prefix",
         "straggler",
         "synthetic",
+        "system_prompts",
         "trace",
     } == set(groups["workload"])
     assert {"batching", "allocation", "deferral", "trace"} <= set(groups["experiment"])

@@ -195,7 +195,7 @@ def build_runner(
     if cfg.cluster.backend == "ray":
         from framework.run.ray_replicas import RayRunner
 
-        return RayRunner(cfg, replicas, *build_router(cfg))
+        return RayRunner(cfg, replicas, build_router(cfg), (load, build_engine))
     if replicas == 1:
         return build_engine(cfg, model, device, dtype, hooks)
     router, name, provider = build_router(cfg)

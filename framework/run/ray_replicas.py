@@ -27,6 +27,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,10 @@ class _NoHooks:
 class ReplicaActor:
     """One replica: an engine built from the run's config, stepping in its own thread."""
 
-    def __init__(self, cfg_yaml: str) -> None:
+    def __init__(self, cfg_yaml: str, load: Callable[..., Any], build_engine: Callable[..., Any]):
+        """`load` and `build_engine` are the run's own (`framework.run.app`), handed over by
+        reference: this actor builds its engine as a local run does."""
         import torch
-
-        from framework.run.app import build_engine, load
 
         cfg = OmegaConf.create(cfg_yaml)
         if cfg.threads:
@@ -135,9 +136,17 @@ class RayRunner:
     """Runs like an engine (`run`, `partial_result`), over replicas that are Ray actors."""
 
     def __init__(
-        self, cfg: DictConfig, replicas: int, router: Router, name: str, provider: str
+        self,
+        cfg: DictConfig,
+        replicas: int,
+        routing: tuple[Router, str, str],
+        builders: tuple[Callable[..., Any], Callable[..., Any]],
     ) -> None:
+        """`routing`: the router, its name and provider; `builders`: the run's `load` and
+        `build_engine`, which each actor calls."""
         import ray
+
+        router, name, provider = routing
 
         address = cfg.cluster.ray_address
         options: dict[str, Any] = {}
@@ -171,7 +180,7 @@ class RayRunner:
         self.router, self.name, self.provider = router, name, provider
         actor = ray.remote(num_cpus=1)(ReplicaActor)
         config = OmegaConf.to_yaml(cfg, resolve=True)
-        self.actors = [actor.remote(config) for _ in range(replicas)]
+        self.actors = [actor.remote(config, *builders) for _ in range(replicas)]
         self.replica_of: dict[str, int] = {}
         self.specs: list[RequestSpec] = []
         self.results: list[RunResult] = []
