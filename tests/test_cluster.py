@@ -86,7 +86,7 @@ def test_one_replica_behind_a_router_is_the_engine(shape: tuple[Any, Any]) -> No
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
 def test_every_request_is_served_once_and_the_replicas_add_up(
@@ -276,3 +276,66 @@ def test_a_paused_replica_clock_counts_none_of_the_others_time() -> None:
     clock.resume()
     t[0] = 6.5
     assert clock.now() == 2.5
+
+
+class FakeRay:
+    """Ray's calls as `RayRunner` makes them, run in this process: what `ray.init` was asked
+    and which auth token path it saw, actors built and called in place."""
+
+    def __init__(self) -> None:
+        self.init_kwargs: dict[str, Any] = {}
+        self.token_at_init: str | None = None
+        self.shut = False
+
+    def init(self, **kwargs: Any) -> None:
+        import os
+
+        self.init_kwargs = kwargs
+        path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        self.token_at_init = Path(path).read_text() if path else None
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+    def get(self, value: Any) -> Any:
+        return value
+
+    def remote(self, **_: Any) -> Any:
+        class Handle:
+            def __init__(self, obj: Any) -> None:
+                self.obj = obj
+
+            def __getattr__(self, name: str) -> Any:
+                return types.SimpleNamespace(remote=getattr(self.obj, name))
+
+        return lambda cls: types.SimpleNamespace(remote=lambda *a: Handle(cls(*a)))
+
+
+def test_ray_replicas_of_their_own_stay_on_loopback_and_out_of_home(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no `cluster.ray_address` the run starts Ray for itself: on 127.0.0.1, with its
+    auth token in a folder of the run's (Ray would write it to ~/.ray, where every later Ray
+    client of the user picks it up), removed at the end. The replicas' results come back
+    merged, every request served once, the same tokens as one engine."""
+    import os
+    import sys
+
+    fake = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    cfg = make_cfg("model=tiny", "workload=straggler", "cluster.replicas=2", "cluster.backend=ray")
+    model, tokenizer, _, _ = load(cfg, weights=False)
+    run = build_runner(cfg, model, torch_cpu(), dtype_of(cfg), registry().pm.hook)
+    specs = [spec(i, [5 + i] * 6, 3 + i) for i in range(5)]
+    result = run.run(specs, tokenizer.eos_token_id)
+    assert fake.init_kwargs["_node_ip_address"] == "127.0.0.1"
+    assert fake.init_kwargs["address"] is None
+    assert fake.token_at_init and len(fake.token_at_init) == 64
+    assert fake.shut and "RAY_AUTH_TOKEN_PATH" not in os.environ
+    assert sorted(result.replica_of.values()) == [0, 0, 0, 1, 1]  # round-robin
+    assert sum(r["requests"] for r in summarize(result)["replicas"]) == 5
+    one = make_cfg("model=tiny", "workload=straggler")
+    real, _, _, _ = load(one)
+    engine = build_runner(one, real, torch_cpu(), dtype_of(one), registry().pm.hook)
+    assert tokens(result) == tokens(engine.run(specs, tokenizer.eos_token_id))

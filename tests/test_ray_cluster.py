@@ -192,25 +192,3 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.metrics["replica.0.requests"] + run.data.metrics["replica.1.requests"] == 8
-
-
-def test_real_replicas_start_a_ray_of_their_own_on_loopback(tmp_path: Path) -> None:
-    """With no `cluster.ray_address` the run starts Ray for itself, on 127.0.0.1, and leaves
-    nothing in the user's home (Ray would write its auth token to ~/.ray, where every later
-    Ray client would pick it up)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    cache = os.environ.get("NANOSERVE_CACHE") or str(Path.home() / ".cache" / "nanoserve")
-    env = {**os.environ, **LOOPBACK_ONLY, "HOME": str(home), "NANOSERVE_CACHE": cache}
-    for key in ("NANOSERVE_MLFLOW_PARENT", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "run.py", "model=tiny", "workload=straggler", "threads=1",
-         "cluster.replicas=2", "cluster.backend=ray", "observers=[]",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["requests_finished"] == 8 and metrics["cluster_replicas"] == 2
-    assert not (home / ".ray").exists()
