@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import fields
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,10 +39,6 @@ class ClusterRunner:
         self.engines = engines
         self.cluster = Cluster(engines, router, name, provider)
         self.specs: list[RequestSpec] = []
-
-    @property
-    def executor(self) -> Any:
-        return self.engines[0].executor
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
         self.specs = specs

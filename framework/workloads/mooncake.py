@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from framework.engine.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
 from framework.workloads.config import MooncakeWorkloadConfig
-from framework.workloads.trace import check_replay, clamp_count
+from framework.workloads.trace import check_replay, clamp_count, replay_sizes
 
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 _BLOCK, _TAIL = 0, 1  # seed domains: a hash id's block, a line's own tail
@@ -114,11 +114,7 @@ def mooncake_rows(cfg: MooncakeWorkloadConfig) -> list[MooncakeRow]:
 
 def mooncake_sizes(cfg: MooncakeWorkloadConfig, rows: list[MooncakeRow]) -> list[int]:
     """Each request's prompt + max_tokens after the caps: what the KV pool must hold."""
-    return [
-        clamp_count(r.input_length, cfg.max_prompt_tokens)
-        + clamp_count(r.output_length, cfg.max_output_tokens)
-        for r in rows
-    ]
+    return replay_sizes(cfg, [(r.input_length, r.output_length) for r in rows])
 
 
 def stand_in_vocabulary(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:

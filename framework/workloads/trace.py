@@ -18,6 +18,7 @@ import itertools
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hydra.utils import to_absolute_path
@@ -115,10 +116,15 @@ def trace_rows(cfg: TraceWorkloadConfig) -> list[TraceRow]:
 
 def trace_sizes(cfg: TraceWorkloadConfig, rows: list[TraceRow]) -> list[int]:
     """Each request's prompt + max_tokens after the caps: what the KV pool must hold."""
+    return replay_sizes(cfg, [(r.context_tokens, r.generated_tokens) for r in rows])
+
+
+def replay_sizes(cfg: Any, lengths: list[tuple[int, int]]) -> list[int]:
+    """(prompt, output) lengths of a replayed trace, each clamped by the workload's
+    `max_prompt_tokens` / `max_output_tokens`, summed: what the KV pool must hold."""
     return [
-        clamp_count(r.context_tokens, cfg.max_prompt_tokens)
-        + clamp_count(r.generated_tokens, cfg.max_output_tokens)
-        for r in rows
+        clamp_count(prompt, cfg.max_prompt_tokens) + clamp_count(output, cfg.max_output_tokens)
+        for prompt, output in lengths
     ]
 
 
