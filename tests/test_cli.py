@@ -109,6 +109,8 @@ def test_cli_writes_every_result_file(tmp_path: Path) -> None:
         ("engine.argmax_kernel=no", "engine.argmax_kernel must be auto (chosen by a"),
         ("print_limit=-1", "print_limit must be >= 0 (or null: every answer)"),
         ("mlflow.max_step_points=1", "mlflow.max_step_points must be >= 2"),
+        ("mlflow.max_artifact_mb=-1", "mlflow.max_artifact_mb must be >= 0 (or null: every"),
+        ("results.compress=maybe", "results.compress must be auto, true or false"),
     ],
 )
 def test_bad_input_names_the_field(

@@ -245,7 +245,6 @@ def test_a_router_decision_out_of_range_is_stopped_by_name(shape: tuple[Any, Any
         (["router=prefix_aware", "router.min_match=2"], "router.min_match must be in [0, 1]"),
         (["cluster.backend=spark"], "cluster.backend must be local (every replica in this"),
         (["cluster.backend=ray"], "cluster.backend=ray runs replicas of the real executor"),
-        (["executor=model", "cluster.replicas=2"], "executor=model needs cluster.backend=ray"),
         (
             ["executor=model", "cluster.backend=ray", "cluster.ray_address=nowhere"],
             "cluster.ray_address must be null, auto or HOST:PORT",
@@ -258,6 +257,28 @@ def test_bad_cluster_input_is_one_line(
     base = [a for a in SIM if not (a.startswith("executor=") and "executor=model" in overrides)]
     status, _, err = cli(capsys, *base, *overrides)
     assert_refused(status, err, expected)
+
+
+def test_real_replicas_take_turns_in_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    """`executor=model` with local replicas: each replica an engine over the one loaded
+    model, on a clock of its own steps' measured time. The same greedy tokens as one
+    engine, every request served once, the replicas adding up, and one line saying how
+    its times were taken."""
+    real = ("model=tiny", "observers=[]", "engine.max_num_seqs=2")
+    cfg = make_cfg(*real, "cluster.replicas=2", "router=least_outstanding")
+    model, tokenizer, device, dtype = load(cfg)
+    specs = [spec(i, [7 + i] * (2 + i), 3 + i, arrival=0.0) for i in range(6)]
+    run = build_runner(cfg, model, device, dtype, registry().pm.hook)
+    assert isinstance(run, ClusterRunner)
+    assert "take turns in this process" in capsys.readouterr().err
+    result = run.run(specs, tokenizer.eos_token_id)
+    alone = build_runner(make_cfg(*real), model, device, dtype, registry().pm.hook)
+    assert tokens(result) == tokens(alone.run(specs, tokenizer.eos_token_id))
+    total = summarize(result)
+    assert total["clock"] == "virtual" and total["cluster_replicas"] == 2
+    assert all(part["requests"] > 0 for part in total["replicas"])
+    for key in ("requests", "steps", "tokens_kept", "prefill_tokens"):
+        assert sum(part[key] for part in total["replicas"]) == total[key], key
 
 
 def test_a_paused_replica_clock_counts_none_of_the_others_time() -> None:

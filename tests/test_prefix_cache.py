@@ -97,6 +97,152 @@ def test_the_salt_keeps_models_apart() -> None:
     assert pool._hash[0] != other._hash[0]
 
 
+# ---- the per-step table check at scale -----------------------------------------------------
+
+FULL = PrefixCachingPool.FULL_CHECK_ENTRIES
+PREFIX = 8  # blocks every table shares
+
+
+def big_tables(rows: int = 100, blocks: int = 90) -> tuple[PrefixCachingPool, dict[str, list[int]]]:
+    """Running tables with more than `FULL_CHECK_ENTRIES` entries (so the per-step check
+    takes its incremental path), all but the last sharing one published prefix, just
+    checked whole."""
+    pool = PrefixCachingPool(rows * blocks, BS)
+    head = published(pool, "r0", list(range(PREFIX * BS)))
+    tables = {"r0": head + pool.allocate("r0", blocks - PREFIX)}
+    for i in range(1, rows - 1):
+        pool.share(f"r{i}", head)
+        tables[f"r{i}"] = head + pool.allocate(f"r{i}", blocks - PREFIX)
+    tables[f"r{rows - 1}"] = pool.allocate(f"r{rows - 1}", blocks)  # a prefix of its own
+    assert sum(map(len, tables.values())) > FULL
+    pool.check_tables_full(tables)
+    return pool, tables
+
+
+def count_full_checks(pool: PrefixCachingPool, monkeypatch: Any) -> list[int]:
+    """For each whole check `check_tables` runs from now on, the steps since the last one."""
+    gaps: list[int] = []
+    full = pool.check_tables_full
+
+    def spy(tables: dict[str, list[int]]) -> None:
+        gaps.append(pool._steps_since_full)
+        full(tables)
+
+    monkeypatch.setattr(pool, "check_tables_full", spy)
+    return gaps
+
+
+def steps_to_full(tables: dict[str, list[int]]) -> int:
+    """How many steps after a whole check the schedule runs the next one."""
+    return -(-sum(map(len, tables.values())) // FULL)
+
+
+def test_small_tables_get_the_whole_check_every_step() -> None:
+    pool = PrefixCachingPool(64, BS)
+    tables = {"a": pool.allocate("a", 10), "b": pool.allocate("b", 10)}
+    pool.check_tables(tables)
+    pool._owners[tables["a"][3]].append("a")  # a holds a block twice: its count is off
+    with pytest.raises(BlockPoolError, match="reference count 2, in 1 tables"):
+        pool.check_tables(tables)
+
+
+def test_large_tables_get_the_whole_check_on_schedule(monkeypatch: Any) -> None:
+    """Between whole checks, rows grow, leave and are re-admitted with new tables; every
+    step passes, and the whole check runs once the steps times `FULL_CHECK_ENTRIES` reach
+    the entries."""
+    pool, tables = big_tables()
+    full = count_full_checks(pool, monkeypatch)
+    assert steps_to_full(tables) == 3
+    for step in range(1, 10):
+        for owner in list(tables)[:50]:
+            tables[owner] += pool.allocate(owner, 1)  # in place, as the engine grows a row
+        if step == 4:
+            pool.free("r7", tables.pop("r7"))  # r7 leaves; r8 is re-admitted with a new table
+            pool.free("r8", tables["r8"])
+            pool.share("r8", tables["r0"][:PREFIX])
+            tables["r8"] = tables["r0"][:PREFIX] + pool.allocate("r8", 90 - PREFIX)
+        pool.check_tables(tables)
+    assert full == [3, 3, 3]
+    pool.check_tables_full(tables)
+    pool.check()
+
+
+def test_a_new_entry_its_owner_does_not_hold_is_caught_at_once(monkeypatch: Any) -> None:
+    pool, tables = big_tables()
+    full = count_full_checks(pool, monkeypatch)
+    (b,) = pool.allocate("r1", 1)
+    tables["r0"].append(b)  # r1's block in r0's table: the totals still agree
+    with pytest.raises(BlockPoolError, match=f"r0's table has block {b}, held by \\['r1'\\]"):
+        pool.check_tables(tables)
+    assert full == []  # the incremental check found it
+
+
+def test_a_new_entry_in_the_lru_list_is_caught_at_once(monkeypatch: Any) -> None:
+    pool, tables = big_tables()
+    full = count_full_checks(pool, monkeypatch)
+    (b,) = pool.allocate("r0", 1)
+    tables["r0"].append(b)
+    pool._lru[b] = None
+    with pytest.raises(BlockPoolError, match=f"block {b} is held by r0 and in the LRU list"):
+        pool.check_tables(tables)
+    assert full == []
+
+
+def test_a_leak_is_caught_at_once(monkeypatch: Any) -> None:
+    pool, tables = big_tables()
+    full = count_full_checks(pool, monkeypatch)
+    pool.allocate("r0", 1)  # held, but in no table
+    with pytest.raises(BlockPoolError, match="a leak"):
+        pool.check_tables(tables)
+    assert full == []
+
+
+@pytest.mark.parametrize("where", ["count", "middle"])
+def test_an_entry_checked_before_is_caught_by_the_scheduled_whole_check(where: str) -> None:
+    """A reference count changed behind an entry already checked (`count`), or an entry in
+    the middle of a table rewritten in place (`middle`: its first and last checked blocks
+    stay), is not new: the whole check finds it, at once when called, and within
+    `steps_to_full` steps when the schedule calls it."""
+    pool, tables = big_tables()
+    pool.check_tables(tables)  # an incremental step first: the corruption is in old entries
+    if where == "count":
+        pool._owners[tables["r1"][PREFIX + 3]].append("r1")
+        match = "reference count 2, in 1 tables"
+    else:
+        tables["r0"][40] = tables["r1"][40]
+        match = f"r0's table has block {tables['r1'][40]}"
+    with pytest.raises(BlockPoolError, match=match):
+        pool.check_tables_full(tables)
+    with pytest.raises(BlockPoolError, match=match):
+        for _ in range(steps_to_full(tables)):
+            pool.check_tables(tables)
+
+
+@pytest.mark.parametrize("how", ["new_list", "first_changed", "last_changed", "shrunk"])
+def test_a_replaced_table_is_checked_again_whole(how: str, monkeypatch: Any) -> None:
+    """A table that is another list, or whose first or last checked block changed, or that
+    is shorter than what was checked, is checked whole at the next step: here it ends up
+    with another table's block below the length already checked, the totals unchanged."""
+    pool, tables = big_tables()
+    full = count_full_checks(pool, monkeypatch)
+    theirs = tables["r1"]
+    if how == "new_list":  # its first and last blocks the same, one in the middle not
+        mine = list(tables["r0"])
+        mine[40], theirs[40] = theirs[40], mine[40]
+        tables["r0"] = mine
+    elif how == "first_changed":  # in place, the last checked block unchanged
+        mine = tables["r99"]
+        mine[0], theirs[20] = theirs[20], mine[0]
+    elif how == "last_changed":
+        tables["r0"][-1], theirs[-1] = theirs[-1], tables["r0"][-1]
+    else:  # r0 lets go of its last block, and swaps an entry with r1's table
+        pool.free("r0", [tables["r0"].pop()])
+        tables["r0"][40], theirs[40] = theirs[40], tables["r0"][40]
+    with pytest.raises(BlockPoolError, match=r"r\d+'s table has block"):
+        pool.check_tables(tables)
+    assert full == []
+
+
 # ---- in the engine -------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
+from experiments.policy.sweep_runs import load_run
 from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
 from framework.engine.counters import STEP_COLUMNS
@@ -91,6 +92,37 @@ def runs_of(uri: str, experiment: str) -> list[Any]:
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None, f"no experiment {experiment!r} in {uri}"
     return client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_a_long_runs_files_are_gzipped_and_the_artifacts_capped(
+    tracked: str, loaded: tuple[Any, ...], tmp_path: Path
+) -> None:
+    """`results.compress=true` writes steps.csv.gz and outputs.jsonl.gz, which the plots and
+    the studies read back; `mlflow.max_artifact_mb` uploads the smallest files that fit and
+    names the rest, with the folder they stay in."""
+    cap_mb = 0.03
+    cfg = make_cfg(
+        *TIGHT,
+        "results.compress=true",
+        f"mlflow.max_artifact_mb={cap_mb}",
+        "mlflow.experiment=capped",
+        "mlflow.background=false",
+        "observers=[plots,mlflow]",
+    )
+    run_with_observers(cfg, tmp_path, loaded)
+    assert not (tmp_path / "steps.csv").exists() and not (tmp_path / "outputs.jsonl").exists()
+    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)  # drawn from the .gz
+    record = load_run(tmp_path)
+    assert len(record.outputs) == 6 and len(record.steps) == record.metrics["steps"]
+    (run,) = runs_of(tracked, "capped")
+    uploaded = artifacts(tracked, run.info.run_id)
+    on_disk = {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.is_file()}
+    assert "metrics.json" in uploaded
+    assert sum(on_disk[n] for n in uploaded if n in on_disk) <= cap_mb * 2**20
+    left = set(on_disk) - uploaded
+    assert left, "the cap leaves nothing out: make it smaller"
+    tag = run.data.tags["nanoserve.artifacts_left_out"]
+    assert all(name in tag for name in left) and str(tmp_path.resolve()) in tag
 
 
 def artifacts(uri: str, run_id: str) -> set[str]:

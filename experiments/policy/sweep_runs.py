@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from framework.tracking.plots import read_csv
+from framework.tracking.run_files import read_text, run_file
 from framework.tracking.tables import job_folders
 
 
@@ -35,7 +36,7 @@ class RunRecord:
 
 def load_run(folder: Path) -> RunRecord:
     outputs, prompts = {}, {}
-    for line in (folder / "outputs.jsonl").read_text().splitlines():
+    for line in read_text(run_file(folder, "outputs.jsonl")).splitlines():
         o = json.loads(line)
         outputs[o["id"]] = o["output_token_ids"]
         prompts[o["id"]] = o.get("prompt_token_ids", [])
@@ -45,7 +46,7 @@ def load_run(folder: Path) -> RunRecord:
         metrics=json.loads((folder / "metrics.json").read_text()),
         outputs=outputs,
         requests=read_csv(folder / "requests.csv"),
-        steps=read_csv(folder / "steps.csv"),
+        steps=read_csv(run_file(folder, "steps.csv")),
         prompts=prompts,
     )
 

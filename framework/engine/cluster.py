@@ -57,21 +57,26 @@ class Cluster:
             e.prepare()
             e.clock.start()
             e.clock.pause()  # each replica's clock counts only its own host work
+        # Each replica's next step time, kept as it changes (when it steps, or a request is
+        # routed to it): inf while it has no work. A whole trace is millions of iterations.
+        inf = float("inf")
+        upcoming = [self._next_time(e) if e.has_work else inf for e in self.engines]
+        order = range(len(self.engines))
         i = 0
-        while i < len(arrivals) or any(e.has_work for e in self.engines):
-            busy = [e for e in self.engines if e.has_work]
-            first = min(busy, key=self._next_time) if busy else None
-            due = i < len(arrivals) and (
-                first is None or arrivals[i].arrival <= self._next_time(first)
-            )
-            if due:
-                self._route(arrivals[i], eos_token_id)
+        while True:
+            first = min(order, key=upcoming.__getitem__)  # ties: the lowest replica
+            if i < len(arrivals) and arrivals[i].arrival <= upcoming[first]:
+                chosen = self._route(arrivals[i], eos_token_id)
+                upcoming[chosen] = self._next_time(self.engines[chosen])
                 i += 1
+            elif upcoming[first] == inf:
+                break
             else:
-                assert first is not None
-                first.clock.resume()
-                first.advance()
-                first.clock.pause()
+                e = self.engines[first]
+                e.clock.resume()
+                e.advance()
+                e.clock.pause()
+                upcoming[first] = self._next_time(e) if e.has_work else inf
         return self.finish(specs)
 
     @staticmethod
@@ -81,10 +86,11 @@ class Cluster:
             return engine.now()
         return max(engine.now(), engine.pending[0].arrival)
 
-    def _route(self, spec: RequestSpec, eos_token_id: int | None) -> None:
+    def _route(self, spec: RequestSpec, eos_token_id: int | None) -> int:
         view = ClusterView(now=spec.arrival, replicas=self.views)
         chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider)
         self.engines[chosen].submit(spec, eos_token_id)
+        return chosen
 
     def partial_result(self) -> ClusterResult:
         return ClusterResult([e.partial_result() for e in self.engines], dict(self.replica_of))

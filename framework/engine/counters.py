@@ -59,6 +59,13 @@ _step_fields = operator.attrgetter(*_FIELDS)  # a tuple of the fields, in one C 
 STEP_COLUMNS = (*_FIELDS, *(f"{name}_s" for name in PHASES))  # steps.csv's header
 
 
+def step_value(stats: StepStats, column: str) -> Any:
+    """One `STEP_COLUMNS` cell of a step: a field, or a phase's seconds (`NAME_s`)."""
+    if column.endswith("_s") and column[:-2] in PHASES:
+        return stats.phase_s.get(column[:-2], 0.0)
+    return getattr(stats, column)
+
+
 @dataclass
 class Counters:
     """Whole-run counts, accumulated by the engine as it goes."""

@@ -14,6 +14,7 @@ decision, so the invariants live in one place and are checked every step (`invar
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ from framework.engine.planner import Planner, StepPlan
 from framework.engine.readback import Readback
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
+from framework.engine.step_log import StepLog
 
 
 @dataclass
@@ -78,7 +80,7 @@ class RunResult:
     flat summary of `metrics.json`."""
 
     seqs: list[Sequence]
-    steps: list[StepStats]
+    steps: Seq[StepStats]  # a StepLog from the engine: see step_log.py
     counters: Counters
     max_num_seqs: int
     peak_blocks: int
@@ -127,7 +129,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: list[Sequence] = []
-        self.steps: list[StepStats] = []
+        self.steps = StepLog()
         self.counters = Counters()
         self.costs = CostModel()
         self.timer = PhaseTimer()

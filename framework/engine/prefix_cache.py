@@ -59,6 +59,10 @@ class PrefixCachingPool(BlockPool):
     blocks (least recently freed first) whenever one must go, it returns the block to evict.
     Without it, the least recently freed goes, in O(1)."""
 
+    # Up to this many table entries, `check_tables` runs the whole check every step; above it
+    # the whole check is spread out so that it costs about this many entries a step.
+    FULL_CHECK_ENTRIES = 4096
+
     def __init__(
         self,
         num_blocks: int,
@@ -84,6 +88,11 @@ class PrefixCachingPool(BlockPool):
         self._lru: OrderedDict[int, None] = OrderedDict()  # evictable, oldest first
         self._refs = 0  # references held, over all blocks: the per-step check's total
         self.evictions = 0
+        # What `check_tables` remembers between steps: per owner, its table as last checked
+        # (the list itself, how many entries were checked, the first and the last of them),
+        # and the steps since the whole check last ran.
+        self._checked: dict[str, tuple[list[int], int, int, int]] = {}
+        self._steps_since_full = 0
 
     # ---- counts --------------------------------------------------------------------------
     @property
@@ -316,10 +325,64 @@ class PrefixCachingPool(BlockPool):
                 raise BlockPoolError(f"hash of block {b} does not name it")
 
     def check_tables(self, tables: dict[str, list[int]]) -> None:
+        """The per-step check of the running rows' block tables against the pool's books.
+
+        The whole check (`check_tables_full`) is O(table entries): with long prompts and many
+        rows that is ~100k entries a step, most of a simulated run's time. So every step
+        does O(rows + entries new since the last step):
+
+        - the tables' entries add up to the references the pool holds (a leak is caught at
+          once);
+        - each entry not checked before (a table's tail past what was checked at the last
+          step) is held by its owner exactly once and is not in the LRU list. A table that
+          was replaced (another list: the engine extends a row's table in place and gives
+          it a new list when it frees or re-admits the row), or shrank, or whose first or
+          last checked block changed, is checked whole again.
+
+        The whole check still runs every step while the tables hold at most
+        `FULL_CHECK_ENTRIES` entries (every small run gets it every step), and otherwise
+        once the steps since it last ran, times `FULL_CHECK_ENTRIES`, reach the entries: its
+        cost per step stays bounded, and a reference count changed behind an entry already
+        checked is caught within entries / `FULL_CHECK_ENTRIES` steps (and by `check()` at
+        the end of the run)."""
+        total = 0
+        for table in tables.values():
+            total += len(table)
+        self._steps_since_full += 1
+        limit = self.FULL_CHECK_ENTRIES
+        if total <= limit or self._steps_since_full * limit >= total:
+            self.check_tables_full(tables)
+            return
+        if total != self._refs:
+            raise self._leak(total)
+        owners, lru = self._owners, self._lru
+        before = self._checked
+        checked: dict[str, tuple[list[int], int, int, int]] = {}
+        for owner, table in tables.items():
+            n = len(table)
+            start = 0
+            prev = before.get(owner)
+            if prev is not None:
+                seen, m, first, last = prev
+                if seen is table and m <= n and table[0] == first and table[m - 1] == last:
+                    if m == n:  # nothing new (most rows at most steps)
+                        checked[owner] = prev
+                        continue
+                    start = m
+            for b in table[start:]:
+                held = owners[b]
+                if held.count(owner) != 1:
+                    raise BlockPoolError(f"{owner}'s table has block {b}, held by {held}")
+                if b in lru:
+                    raise BlockPoolError(f"block {b} is held by {owner} and in the LRU list")
+            if n:
+                checked[owner] = (table, n, table[0], table[-1])
+        self._checked = checked  # owners no longer running are forgotten
+
+    def check_tables_full(self, tables: dict[str, list[int]]) -> None:
         """Each block's reference count equals the number of block tables holding it, no
         held block is in the LRU list, and free + cached + in use = the pool. In O(table
-        entries), not O(pool): it runs every step, and a simulated pool may hold many
-        thousands of blocks."""
+        entries), not O(pool): a simulated pool may hold many thousands of blocks."""
         count: dict[int, int] = {}
         for owner, table in tables.items():
             for b in table:
@@ -335,13 +398,20 @@ class PrefixCachingPool(BlockPool):
                     f"block {b}: reference count {len(self._owners[b])}, in {n} tables"
                 )
         total = sum(count.values())
-        if total != self._refs:  # a reference that no running table holds: a leak
-            raise BlockPoolError(
-                f"running rows hold {total} block references but the pool counts {self._refs} "
-                "(a leak, or blocks held by a sequence that is not running)"
-            )
+        if total != self._refs:
+            raise self._leak(total)
         if len(self._free) + len(self._lru) + len(count) != self.num_blocks:
             raise BlockPoolError(
                 f"free {len(self._free)} + cached {len(self._lru)} + in use {len(count)} != "
                 f"the pool's {self.num_blocks} blocks"
             )
+        # All of it checked: `check_tables` goes on from here, with only what is new.
+        self._checked = {o: (t, len(t), t[0], t[-1]) for o, t in tables.items() if t}
+        self._steps_since_full = 0
+
+    def _leak(self, total: int) -> BlockPoolError:
+        """A reference that no running table holds: a leak."""
+        return BlockPoolError(
+            f"running rows hold {total} block references but the pool counts {self._refs} "
+            "(a leak, or blocks held by a sequence that is not running)"
+        )

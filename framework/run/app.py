@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from framework.api.faults import guard_hooks
 from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
 from framework.engine.block_pool import BlockPool
-from framework.engine.clock import WallClock
+from framework.engine.clock import VirtualClock, WallClock
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, Limits, Policies, RunResult
 from framework.engine.prefix_cache import PrefixCachingPool
@@ -200,6 +201,19 @@ def build_runner(
         return build_engine(cfg, model, device, dtype, hooks)
     router, name, provider = build_router(cfg)
     engines = [build_engine(cfg, model, device, dtype, hooks, i == 0) for i in range(replicas)]
+    if not is_simulated(cfg):
+        # The real executor's replicas take turns on this machine, over one model in
+        # memory: each replica's clock counts the measured time of its own steps only (a
+        # virtual clock under measured host time), and arrivals are replayed without waiting.
+        for e in engines:
+            e.clock = VirtualClock()
+        print(
+            f"cluster: {replicas} replicas of executor=model take turns in this process; each "
+            "replica's times are its own steps' measured seconds, as if it ran alone on this "
+            "machine, and arrivals are replayed without waiting (cluster.backend=ray runs "
+            "them at once, each in its own process)",
+            file=sys.stderr,
+        )
     return ClusterRunner(engines, router, name, provider)
 
 

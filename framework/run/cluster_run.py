@@ -10,7 +10,6 @@ own result stays in `replicas`, for `metrics.json`'s per-replica list.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +20,7 @@ from framework.engine.cluster import Cluster, ClusterResult
 from framework.engine.counters import Counters
 from framework.engine.loop import Engine, RunResult
 from framework.engine.request import RequestSpec
+from framework.engine.step_log import StepLog, merged
 
 
 def build_router(cfg: DictConfig) -> tuple[Router, str, str]:
@@ -53,13 +53,7 @@ def merge(result: ClusterResult, specs: list[RequestSpec]) -> RunResult:
     parts = result.replicas
     order = {s.id: i for i, s in enumerate(specs)}
     seqs = sorted((s for r in parts for s in r.seqs), key=lambda s: order.get(s.id, len(order)))
-    tagged = heapq.merge(
-        *([(st.time, i, k) for k, st in enumerate(r.steps)] for i, r in enumerate(parts))
-    )
-    steps, step_replicas = [], []
-    for _, i, k in tagged:
-        steps.append(parts[i].steps[k])
-        step_replicas.append(i)
+    steps, step_replicas = merged([StepLog.of(r.steps) for r in parts])
     counters = Counters()
     for f in fields(Counters):
         setattr(counters, f.name, sum(getattr(r.counters, f.name) for r in parts))

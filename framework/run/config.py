@@ -99,6 +99,18 @@ class MlflowConfig:
     # null: the helper for a single run whose store may fail softly, in a process that has
     # not imported mlflow yet (framework/tracking/background.py).
     background: bool | None = None
+    # MB of run-folder files uploaded as artifacts at most; the files past it stay in the run
+    # folder, named in the run's `nanoserve.artifacts_left_out` tag. None: every file.
+    max_artifact_mb: float | None = 200.0
+
+
+@dataclass
+class ResultsConfig:
+    """How the run folder's files are written (framework/run/report.py)."""
+
+    # steps.csv and outputs.jsonl gzipped (.gz): auto (a run past 200,000 steps or 5 M token
+    # ids, where each runs to tens of MB or more), true or false
+    compress: str = "auto"
 
 
 @dataclass
@@ -131,6 +143,7 @@ class RunConfig:
     threads: int | None = None  # torch intra-op threads; None: torch's default
     observers: list[str] = field(default_factory=lambda: ["console"])
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    results: ResultsConfig = field(default_factory=ResultsConfig)
     print_outputs: bool = True
     # Answers printed at most (the first ones; the rest are in outputs.jsonl): a whole
     # trace's 19,366 answers took the console longer than the simulated run. None: all.
@@ -179,6 +192,8 @@ _SCHEMAS: tuple[tuple[str, type], ...] = (
     ("model.tiny", TinySpec),
     ("executor", ExecutorConfig),
     ("cluster", ClusterConfig),
+    ("results", ResultsConfig),
+    ("mlflow", MlflowConfig),
 )
 
 
@@ -308,6 +323,13 @@ def check_run(cfg: Any) -> None:
             f"mlflow.max_step_points must be >= 2 (points per per-step series), "
             f"got {cfg.mlflow.max_step_points}"
         )
+    cap = cfg.mlflow.max_artifact_mb
+    if cap is not None and cap < 0:
+        raise ValueError(f"mlflow.max_artifact_mb must be >= 0 (or null: every file), got {cap}")
+    if str(cfg.results.compress).lower() not in ("auto", "true", "false"):
+        raise ValueError(
+            f"results.compress must be auto, true or false, got {cfg.results.compress!r}"
+        )
 
 
 def check_cluster(cfg: Any) -> None:
@@ -325,12 +347,6 @@ def check_cluster(cfg: Any) -> None:
         raise ValueError(
             "cluster.backend=ray runs replicas of the real executor (executor=model); a "
             "simulated cluster runs in one process on one virtual clock (cluster.backend=local)"
-        )
-    if c.backend == "local" and c.replicas > 1 and not simulated:
-        raise ValueError(
-            f"cluster.replicas={c.replicas} with executor=model needs cluster.backend=ray: "
-            "replicas of the real executor in one process would share its cores and their "
-            "times (a local cluster runs on executor=simulated)"
         )
 
 

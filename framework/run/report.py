@@ -3,6 +3,9 @@
 `metrics.json` always says whether the run finished: `"incomplete": false` after a whole
 run; after a run stopped early (an error, Ctrl-C), `"incomplete": true` and `"error":
 "<type>: <message>"`, and every file holds what was measured up to the stop.
+
+A long run's `steps.csv` and `outputs.jsonl` are written gzipped (`steps.csv.gz`,
+`outputs.jsonl.gz`; `results.compress`): `framework.tracking.run_files` finds either.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.run.outputs_jsonl import write_outputs
 from framework.run.steps_csv import write_steps
 from framework.run.summary import request_row
 
 if TYPE_CHECKING:
     from framework.engine.loop import RunResult
+
+
+# `results.compress=auto` gzips steps.csv and outputs.jsonl past these (about 30 MB of each).
+COMPRESS_STEPS = 200_000
+COMPRESS_TOKENS = 5_000_000
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -41,23 +50,22 @@ def write_results(
         for row in rows:
             row["replica"] = result.replica_of.get(row["id"])
     _write_csv(out / "requests.csv", rows)
-    write_steps(out / "steps.csv", result.steps, replicas=result.step_replicas)
-    with (out / "outputs.jsonl").open("w") as f:
-        for s in result.seqs:
-            f.write(
-                json.dumps(
-                    {
-                        "id": s.id,
-                        "prompt_token_ids": list(s.spec.prompt_token_ids),
-                        "output_token_ids": s.output_token_ids,
-                        "text": texts.get(s.id, ""),
-                        "finish_reason": s.finish_reason
-                        or ("rejected" if s.reject_reason else None),
-                        "reject_reason": s.reject_reason,
-                    }
-                )
-                + "\n"
-            )
+    gz = ".gz" if compressed(cfg, result) else ""
+    for stale in ("steps.csv", "outputs.jsonl"):  # a rerun into the same folder
+        (out / (stale + (".gz" if not gz else ""))).unlink(missing_ok=True)
+    write_steps(out / f"steps.csv{gz}", result.steps, replicas=result.step_replicas)
+    write_outputs(out / f"outputs.jsonl{gz}", result.seqs, texts)
+
+
+def compressed(cfg: DictConfig, result: RunResult) -> bool:
+    """Whether steps.csv and outputs.jsonl are written gzipped (`results.compress`): always,
+    never, or (`auto`) for a run past `COMPRESS_STEPS` steps or `COMPRESS_TOKENS` token ids,
+    where the two files run to hundreds of MB."""
+    setting = str(cfg.get("results", {}).get("compress", "auto")).lower()
+    if setting != "auto":
+        return setting == "true"
+    tokens = sum(len(s.spec.prompt_token_ids) + len(s.output_token_ids) for s in result.seqs)
+    return len(result.steps) > COMPRESS_STEPS or tokens > COMPRESS_TOKENS
 
 
 def error_text(error: BaseException) -> str:

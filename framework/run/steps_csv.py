@@ -3,92 +3,74 @@
 A whole day's trace under the simulated executor is a million steps, and a row is 29
 numbers, 13 of them floats written to their shortest exact text: formatting them on one core
 is the largest cost of the command after the engine (docs/measurements/code-notes.md).
-Past `PARALLEL_STEPS` steps, where the machine has more than one core and can fork
-(Linux), worker processes format chunks of the rows in parallel and this process writes
-them in order. The workers are forked, so they read the run's steps in place (nothing is
-pickled to them); the heap is frozen first (`gc.freeze`), so that a collection in a worker
-does not touch, and so copy, every page of it. The file is the same bytes either way, and
-the same bytes `csv.writer` writes.
+The steps come from the run's `StepLog` a chunk at a time (most of them from its file on
+disk), so writing holds no more than a few chunks of rows in memory. Past `PARALLEL_STEPS`
+steps the chunks are formatted by forked workers (`framework/run/forked.py`), which read the
+log's file themselves. The text is the same either way, and the same `csv.writer` writes;
+`path` ending in `.gz` writes it gzipped.
 """
 
 from __future__ import annotations
 
-import gc
-import multiprocessing
-import os
-import sys
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
-from framework.engine.counters import STEP_COLUMNS, StepStats
+import numpy as np
 
-# One row: every cell a number, so no quoting; the csv module's line ending. One `%` a row
-# is 1.38x the csv module's cell-by-cell writing (same machine).
+from framework.engine.counters import STEP_COLUMNS, StepStats
+from framework.engine.step_log import CHUNK_ROWS, INT_COLUMNS, StepLog
+from framework.run.forked import chunked, encoded, in_order
+
+# One row: every cell a number, so no quoting; the csv module's line ending.
 STEP_ROW = ",".join(["%s"] * len(STEP_COLUMNS)) + "\r\n"
 PARALLEL_STEPS = 200_000  # fewer: one process (a fork and its workers cost more than they save)
-CHUNK_STEPS = 50_000  # rows a worker formats at a time (about 14 MB of text)
-MAX_WORKERS = 8
+CHUNK_STEPS = CHUNK_ROWS  # rows formatted at a time, by this process or a worker (about 5 MB)
 
-_steps: list[StepStats] = []  # the rows being written, for the forked workers to read
+_log: StepLog | None = None  # the log being written, for the forked workers to read
+_replicas: np.ndarray | None = None
+_gzip = False  # whether each chunk is gzipped where it is formatted
 
 
 def write_steps(
     path: Path,
-    steps: list[StepStats],
+    steps: Sequence[StepStats],
     parallel_steps: int = PARALLEL_STEPS,
-    replicas: list[int] | None = None,
+    replicas: Sequence[int] | None = None,
 ) -> None:
     """steps.csv, header and one row a step (nothing at all for a run without steps). A
-    cluster's steps (`replicas`: each step's replica) end in a `replica` column."""
-    with path.open("w", newline="") as f:
-        if not steps:
+    cluster's steps (`replicas`: each step's replica) end in a `replica` column. Gzipped,
+    each chunk is a gzip member of its own, compressed where it was formatted (a file of
+    several members is one gzip file to every reader)."""
+    global _log, _replicas, _gzip
+    log = StepLog.of(steps)
+    with path.open("wb") as f:
+        if not len(log):
+            if path.suffix == ".gz":
+                f.write(encoded("", True))
             return
-        if replicas is not None:
-            f.write(",".join((*STEP_COLUMNS, "replica")) + "\r\n")
-            row = STEP_ROW[:-2]
-            f.writelines(
-                f"{row % st.values()},{r}\r\n" for st, r in zip(steps, replicas, strict=True)
-            )
-            return
-        f.write(",".join(STEP_COLUMNS) + "\r\n")
-        workers = _workers() if len(steps) >= parallel_steps else 1
-        if workers < 2:
-            row = STEP_ROW
-            f.writelines(row % st.values() for st in steps)
-        else:
-            f.writelines(_formatted_in_parallel(steps, workers))
+        header = (*STEP_COLUMNS, "replica") if replicas is not None else STEP_COLUMNS
+        _log, _replicas = log, None if replicas is None else np.asarray(replicas, np.int64)
+        _gzip = path.suffix == ".gz"
+        try:
+            f.write(encoded(",".join(header) + "\r\n", _gzip))
+            ranges = chunked(len(log), CHUNK_STEPS)
+            f.writelines(in_order(_format_chunk, ranges, len(log) >= parallel_steps))
+        finally:
+            _log = _replicas = None
+            _gzip = False
 
 
-def _workers() -> int:
-    """The cores this process may run on, where worker processes can be forked."""
-    if sys.platform != "linux":  # fork without exec is unsafe on macOS, absent on Windows
-        return 1
-    return min(len(os.sched_getaffinity(0)), MAX_WORKERS)
-
-
-def _formatted_in_parallel(steps: list[StepStats], workers: int) -> Iterator[str]:
-    """The rows' text, chunk by chunk in order, formatted by `workers` forked processes."""
-    global _steps
-    chunks = [(i, min(i + CHUNK_STEPS, len(steps))) for i in range(0, len(steps), CHUNK_STEPS)]
-    # A worker inherits this process's unflushed output and flushes it as it exits: said
-    # twice. And the heap is frozen while they run (see the module's note).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    frozen_here = not gc.get_freeze_count()
-    if frozen_here:
-        gc.freeze()
-    _steps = steps
-    try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            yield from pool.imap(_format_chunk, chunks)
-    finally:
-        _steps = []
-        if frozen_here:
-            gc.unfreeze()
-
-
-def _format_chunk(bounds: tuple[int, int]) -> str:
-    """In a worker: the rows of steps `start..end-1`, as one string."""
+def _format_chunk(bounds: tuple[int, int]) -> bytes:
+    """Steps `start..end-1` as text (gzipped where the file is): counts as integers, seconds
+    as their shortest text."""
+    assert _log is not None
     start, end = bounds
+    rows = _log.rows(start, end)
+    columns: list[list[object]] = [rows[:, i].tolist() for i in range(rows.shape[1])]
+    for i in INT_COLUMNS:
+        columns[i] = rows[:, i].astype(np.int64).tolist()
     row = STEP_ROW
-    return "".join([row % st.values() for st in _steps[start:end]])
+    if _replicas is not None:
+        columns.append(_replicas[start:end].tolist())
+        row = STEP_ROW[:-2] + ",%s\r\n"
+    return encoded("".join([row % cells for cells in zip(*columns, strict=True)]), _gzip)

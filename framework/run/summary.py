@@ -5,12 +5,14 @@ interface; `COUNT_KEYS` names the counts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from framework.engine.counters import PHASES
+from framework.engine.counters import PHASES, StepStats, step_value
 from framework.engine.sequence import Sequence, Status
+from framework.engine.step_log import StepLog
 
 if TYPE_CHECKING:
     from framework.engine.loop import RunResult
@@ -18,6 +20,15 @@ if TYPE_CHECKING:
 
 def _pct(values: list[float] | np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
+
+
+def _total(steps: Seq[StepStats], column: str) -> float:
+    """A steps.csv column summed in step order (a step log's own column, else each step's)."""
+    if isinstance(steps, StepLog):
+        values = steps.column(column)
+    else:
+        values = np.fromiter((step_value(st, column) for st in steps), np.float64, len(steps))
+    return float(np.cumsum(values)[-1]) if len(values) else 0.0
 
 
 def summarize(result: RunResult) -> dict[str, Any]:
@@ -41,13 +52,9 @@ def summarize(result: RunResult) -> dict[str, Any]:
     gaps = [np.diff(s.token_times) for s in done if len(s.token_times) > 1]
     itl = np.concatenate(gaps) if gaps else []
     makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
-    # One pass over the steps for every phase (a whole day's trace is a million steps; a
-    # pass a phase was 1.7x this), each phase summed in step order: the same floats.
-    phase_total = dict.fromkeys(PHASES, 0.0)
-    for st in steps:
-        for p, v in st.phase_s.items():
-            if p in phase_total:
-                phase_total[p] += v
+    # Each phase summed in step order, from the step log's columns (a whole day's trace is
+    # a million steps: a Python pass over them as objects took seconds).
+    phase_total = {p: _total(steps, f"{p}_s") for p in PHASES}
     # On a virtual clock whose device runs beside the host (a simulated GPU,
     # `executor.overlap`), `forward` and `sample` are the device's seconds, spent while the
     # host's phases go on: a step's time is the host's timeline, every other phase. (A real
@@ -78,7 +85,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "prefix_evictions": counters.prefix_evictions,
         "waste_fraction": (slots - counters.tokens_kept) / slots if slots else 0.0,
         "occupancy": counters.tokens_kept / (max_num_seqs * n_steps) if n_steps else 0.0,
-        "mean_rows": sum(st.rows for st in steps) / n_steps if n_steps else 0.0,
+        "mean_rows": _total(steps, "rows") / n_steps if n_steps else 0.0,
         "preemptions": counters.preemptions,
         "recomputed_tokens": counters.recomputed_tokens,
         "peak_blocks": result.peak_blocks,
@@ -89,7 +96,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "overshoot_tokens": counters.overshoot_tokens,
         "abandoned_tokens": counters.abandoned_tokens,
         "expected_overshoot": counters.expected_overshoot,
-        "window": sum(st.window for st in steps) / n_steps if n_steps else 0.0,
+        "window": _total(steps, "window") / n_steps if n_steps else 0.0,
         # times: this machine only
         "makespan_s": makespan,
         "output_tokens_per_s": counters.tokens_kept / makespan if makespan > 0 else 0.0,

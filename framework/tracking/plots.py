@@ -27,6 +27,7 @@ import csv
 import json
 import sys
 from collections import Counter
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display needed, and no GUI toolkit imported
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
+
+from framework.tracking.run_files import open_run_file, run_file
 
 PLOTS = ("slot_timeline.png", "kv_blocks.png", "latency_cdf.png")
 TIMELINE_STEPS = 2000  # the slot timeline's steps at most: a lane's spans stay visible
@@ -57,7 +60,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
     """Every row as a dict of its cells (empty for a missing file)."""
     if not path.is_file():
         return []
-    with path.open(newline="") as f:
+    with open_run_file(path) as f:
         return list(csv.DictReader(f))
 
 
@@ -65,7 +68,7 @@ def read_step_columns(path: Path, columns: tuple[str, ...] = STEP_PLOT_COLUMNS) 
     """`columns` of steps.csv as arrays, parsed by numpy's C reader: a whole day's trace is
     a million rows, which `csv.DictReader` reads back as dicts at about half this speed. A
     missing column is refused by name."""
-    with path.open(newline="") as f:
+    with open_run_file(path) as f:
         head = f.readline().strip().split(",")
         has_rows = bool(f.readline().strip())
     missing = [c for c in columns if c not in head]
@@ -78,10 +81,14 @@ def read_step_columns(path: Path, columns: tuple[str, ...] = STEP_PLOT_COLUMNS) 
     return {c: _typed(c, table[:, i]) for i, c in enumerate(columns)}
 
 
-def step_columns(steps: list[Any], columns: tuple[str, ...] = STEP_PLOT_COLUMNS) -> StepColumns:
-    """The same arrays from a finished run's `StepStats` in memory, so an observer that
-    draws as the run ends need not read back the file it just wrote (the values are those
-    steps.csv holds: a float's text there reads back to the same float)."""
+def step_columns(steps: Seq[Any], columns: tuple[str, ...] = STEP_PLOT_COLUMNS) -> StepColumns:
+    """The same arrays from a finished run's steps in memory, so an observer that draws as
+    the run ends need not read back the file it just wrote (the values are those steps.csv
+    holds: a float's text there reads back to the same float). The engine's step log gives
+    its columns whole (`column`); a list of steps is read step by step."""
+    column = getattr(steps, "column", None)
+    if callable(column):
+        return {c: _typed(c, column(c)) for c in columns}
     return {
         c: _typed(c, np.fromiter((getattr(s, c) for s in steps), np.float64, len(steps)))
         for c in columns
@@ -388,7 +395,7 @@ def save_run_plots(run_dir: Path, steps: StepColumns | None = None) -> list[Path
 
     requests = read_csv(run_dir / "requests.csv")
     if steps is None:
-        steps = read_step_columns(run_dir / "steps.csv")
+        steps = read_step_columns(run_file(run_dir, "steps.csv"))
     cfg = OmegaConf.load(run_dir / "config.yaml")
     metrics_path = run_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
@@ -401,7 +408,7 @@ def save_run_plots(run_dir: Path, steps: StepColumns | None = None) -> list[Path
     ]
     if metrics.get("replicas"):  # a cluster: its steps.csv says which replica ran each step
         columns = ("time", "rows", "blocks_in_use", "replica")
-        load = read_step_columns(run_dir / "steps.csv", columns)
+        load = read_step_columns(run_file(run_dir, "steps.csv"), columns)
         drawn.append(plot_replica_load(load, run_dir / "replica_load.png"))
     return drawn
 

@@ -9,7 +9,8 @@
   million steps would otherwise take the store a quarter of an hour);
 - at the end: the summary of `metrics.json` as metrics under the same names, the per-step
   series (`step.rows`, `step.blocks_in_use`, `step.waste_so_far`, `step.window`,
-  `step.waiting`) sent in batches of 1000, and every file of the run folder as artifacts;
+  `step.waiting`) sent in batches of 1000, and the run folder's files as artifacts, up to
+  `mlflow.max_artifact_mb` (smallest first; the rest named in the run's tags);
 - when the run stops early (`on_run_abort`): what exists, and the status KILLED for Ctrl-C,
   FAILED otherwise.
 
@@ -33,6 +34,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.api import hookimpl
+from framework.tracking.artifacts import left_out_text, pick_artifacts
 from framework.tracking.background import BackgroundRun, finish_run
 from framework.tracking.series import StepSeries
 from framework.tracking.store import TrackingStore
@@ -58,6 +60,7 @@ class MlflowLogger:
         self.quiet = False  # a job of a sweep: the sweep says where its runs are
         self.output_dir: Path | None = None
         self.max_step_points = int(cfg.mlflow.get("max_step_points", 2000))
+        self.max_artifact_mb = cfg.mlflow.get("max_artifact_mb")
         self.series: StepSeries | None = None  # made at the start, once the run checked the field
         self._t0_ms = 0
 
@@ -178,6 +181,9 @@ class MlflowLogger:
             if self.output_dir is not None and self.output_dir.is_dir()
             else []
         )
+        files, left = pick_artifacts(files, self.max_artifact_mb)
+        if left:  # past mlflow.max_artifact_mb: named in the run, kept in the folder
+            tags["nanoserve.artifacts_left_out"] = left_out_text(left, self.output_dir)
         broken = self.store.broken
         if self.background is not None:
             finish = (status, tags, summary, series, [str(f) for f in files])
@@ -192,6 +198,12 @@ class MlflowLogger:
             print(
                 f"MLflow: logged run {self.run_id} ({status.lower()}) to {self.store.uri}, "
                 f"experiment {self.store.experiment!r}",
+                flush=True,
+            )
+        if left and broken is None and not self.quiet:
+            print(
+                f"MLflow: not uploaded (over mlflow.max_artifact_mb={self.max_artifact_mb}): "
+                f"{left_out_text(left, self.output_dir)}",
                 flush=True,
             )
 

@@ -35,7 +35,8 @@ class PlotsObserver:
         self._draw(run)
 
     def _draw(self, run: Any) -> None:
-        if self.output_dir is None or not (self.output_dir / "steps.csv").is_file():
+        written = ("steps.csv", "steps.csv.gz")  # a long run's is gzipped
+        if self.output_dir is None or not any((self.output_dir / n).is_file() for n in written):
             return  # stopped before anything was written: nothing to draw
         # matplotlib: imported only when drawing
         from framework.tracking.plots import save_run_plots, step_columns
