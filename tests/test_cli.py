@@ -168,6 +168,8 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
         "round_robin",
     }  # fmt: skip
     assert {
+        "arxiv_poisson",
+        "azure_conv_poisson",
         "chat",
         "fixed",
         "jsonl",

@@ -7,6 +7,7 @@ second to build.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 from collections.abc import Iterator
@@ -813,3 +814,191 @@ def test_shared_prefix_runs_end_to_end_on_the_tiny_model(
     assert all(len(o["prompt_token_ids"]) == 40 for o in outputs)
     assert all(len(o["output_token_ids"]) == 4 for o in outputs)
     assert len({tuple(o["prompt_token_ids"][:32]) for o in outputs}) == 2
+
+
+# --- trace of lengths under generated arrivals ----------------------------------------------
+
+ARXIV_HEADER = "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio"
+# Prompt and output lengths as (prompt, output) pairs, the rows of both layouts below.
+LENGTHS = [(12, 3), (40, 9), (7, 1), (25, 16), (3, 30)]
+
+
+def write_lengths(path: Path, layout: str, lengths: list[tuple[int, int]] = LENGTHS) -> Path:
+    """A CSV of `lengths` in the Azure layout (with timestamps a second apart) or the arXiv
+    summarization one (lengths, their sum and their ratio)."""
+    if layout == "azure":
+        rows = [f"2023-11-16 18:15:{i:02d}.0000000,{p},{o}" for i, (p, o) in enumerate(lengths)]
+        return write_trace(path, rows)
+    return write_trace(path, [f"{p},{o},{p + o},{p / o}" for p, o in lengths], ARXIV_HEADER)
+
+
+@pytest.mark.parametrize("layout", ["azure", "arxiv"])
+def test_length_trace_reads_lengths_back_exactly(
+    tmp_path: Path, layout: str, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    path = write_lengths(tmp_path / "t.csv", layout)
+    specs = by_id(build_workload(trace(path, arrival="poisson", rate=2.0), tokenizer))
+    assert [(len(s.prompt_token_ids), s.sampling.max_tokens) for s in specs] == LENGTHS
+    assert all(s.sampling.ignore_eos for s in specs)  # outputs forced to the recorded length
+    assert specs[0].arrival == 0.0
+    # The slice and the caps work as for a recorded replay.
+    sliced = by_id(
+        build_workload(
+            trace(path, arrival="poisson", rate=2.0, start=1, limit=3, max_prompt_tokens=30),
+            tokenizer,
+        )
+    )
+    assert [(len(s.prompt_token_ids), s.sampling.max_tokens) for s in sliced] == [
+        (30, 9),
+        (7, 1),
+        (25, 16),
+    ]
+
+
+def test_length_trace_names_its_columns(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    rows = [f"{o},x,{p}" for p, o in LENGTHS]
+    path = write_trace(tmp_path / "t.csv", rows, header="out,note,in")
+    cfg = trace(path, arrival="burst", prompt_column="in", output_column="out")
+    specs = by_id(build_workload(cfg, tokenizer))
+    assert [(len(s.prompt_token_ids), s.sampling.max_tokens) for s in specs] == LENGTHS
+    assert [s.arrival for s in specs] == [0.0] * len(LENGTHS)
+
+
+def test_length_trace_arrivals_are_poisson_at_the_rate(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    path = write_lengths(tmp_path / "t.csv", "arxiv", [(4, 2)] * 2001)
+    specs = build_workload(trace(path, arrival="poisson", rate=10.0, limit=None), tokenizer)
+    arrivals = np.array([s.arrival for s in specs])
+    gaps = np.diff(arrivals)
+    assert arrivals[0] == 0 and np.all(gaps >= 0)
+    assert gaps.mean() == pytest.approx(0.1, rel=0.1)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.1)  # exponential: cv 1
+
+
+def test_length_trace_is_reproducible_from_the_seed(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    path = write_lengths(tmp_path / "t.csv", "azure", LENGTHS * 4)
+    cfg = trace(path, arrival="poisson", rate=3.0)
+    first, again = by_id(build_workload(cfg, tokenizer)), by_id(build_workload(cfg, tokenizer))
+    assert summary(first) == summary(again)
+    other = by_id(build_workload({**cfg, "seed": 1}, tokenizer))
+    assert [s.arrival for s in first] != [s.arrival for s in other]
+    # Arrivals draw from a stream of their own: the prompts are the recorded replay's, and
+    # another rate scales every gap of the same draw.
+    recorded = by_id(build_workload(trace(path), tokenizer))
+    assert [s.prompt_token_ids for s in first] == [s.prompt_token_ids for s in recorded]
+    doubled = by_id(build_workload({**cfg, "rate": 6.0}, tokenizer))
+    assert [2 * s.arrival for s in doubled] == pytest.approx([s.arrival for s in first])
+
+
+def test_length_trace_gamma_arrivals(tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    path = write_lengths(tmp_path / "t.csv", "arxiv", [(4, 2)] * 3000)
+    cfg = trace(path, arrival="gamma", rate=5.0, cv=3.0, limit=None)
+    gaps = np.diff([s.arrival for s in build_workload(cfg, tokenizer)])
+    assert 1 / gaps.mean() == pytest.approx(5.0, rel=0.2)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.2)
+
+
+@pytest.mark.usefixtures("hydra_conf")
+@pytest.mark.parametrize(
+    ("name", "file", "columns"),
+    [
+        ("azure_conv_poisson", "azure_llm_2023_conv.csv", ("ContextTokens", "GeneratedTokens")),
+        (
+            "arxiv_poisson",
+            "arxiv_summarization_lengths.csv",
+            ("num_prefill_tokens", "num_decode_tokens"),
+        ),
+    ],
+)
+def test_length_presets_serve_the_shared_traces(
+    name: str, file: str, columns: tuple[str, str], tokenizer: PreTrainedTokenizerFast
+) -> None:
+    if not (TRACES / file).is_file():
+        pytest.skip(f"{TRACES / file} is not present")
+    cfg = compose_workload(name, f"path={TRACES / file}", "limit=30", "rate=5.0")
+    assert cfg.kind == "trace" and cfg.arrival == "poisson"
+    with (TRACES / file).open(newline="") as f:
+        rows = list(itertools.islice(csv.DictReader(f), 30))
+    expected = [(int(r[columns[0]]), int(r[columns[1]])) for r in rows]
+    specs = by_id(build_workload(cfg, tokenizer))
+    assert [(len(s.prompt_token_ids), s.sampling.max_tokens) for s in specs] == expected
+    assert specs[0].arrival == 0.0 and len({s.arrival for s in specs}) == 30
+
+
+@pytest.mark.parametrize(
+    ("layout", "fields", "message"),
+    [
+        ("arxiv", {}, r"t\.csv: no TIMESTAMP column, so no recorded arrivals .*arrival=poisson"),
+        ("arxiv", {"arrival": "poisson"}, r"workload\.rate is required for workload\.arrival"),
+        ("azure", {"rate": 2.0}, r"workload\.rate=2\.0 applies to workload\.arrival=poisson"),
+        (
+            "azure",
+            {"arrival": "poisson", "rate": 2.0, "time_scale": 0.5},
+            r"workload\.time_scale=0\.5 scales recorded arrivals only",
+        ),
+        (
+            "azure",
+            {"arrival": "uniform"},
+            r"workload\.arrival must be one of recorded, poisson, gamma, burst; got 'uniform'",
+        ),
+        ("azure", {"arrival": "poisson", "rate": 0}, r"workload\.rate must be > 0; got 0"),
+        ("azure", {"arrival": "gamma", "rate": 1, "cv": 0}, r"workload\.cv must be > 0"),
+        (
+            "arxiv",
+            {"arrival": "burst", "prompt_column": "num_prefill_tokens"},
+            r"workload\.prompt_column is set but workload\.output_column is not",
+        ),
+        (
+            "arxiv",
+            {"arrival": "burst", "prompt_column": "in", "output_column": "num_decode_tokens"},
+            r"workload\.prompt_column='in': .*t\.csv has no such column; found num_prefill",
+        ),
+    ],
+)
+def test_length_trace_errors_name_the_field(
+    tmp_path: Path,
+    layout: str,
+    fields: dict[str, Any],
+    message: str,
+    tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    from framework.workloads import check_workload
+
+    cfg = trace(write_lengths(tmp_path / "t.csv", layout), **fields)
+    with pytest.raises(ValueError, match=message):
+        check_workload(cfg)  # before any model loads
+    with pytest.raises(ValueError, match=message):
+        build_workload(cfg, tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("header", "rows", "message"),
+    [
+        (ARXIV_HEADER, ["12,3,15,4.0", "40,x,40,0"], r"t\.csv:3: num_decode_tokens 'x' is not"),
+        (ARXIV_HEADER, ["12,3,15,4.0", "40"], r"t\.csv:3: expected 4 fields \(num_prefill"),
+        (ARXIV_HEADER, ["-1,3,2,0"], r"t\.csv:2: num_prefill_tokens must be >= 0, got -1"),
+        ("prompt,output", ["1,2"], r"t\.csv: a trace needs the length columns ContextTokens"),
+    ],
+)
+def test_length_trace_file_errors_name_the_line(
+    tmp_path: Path, header: str, rows: list[str], message: str, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    path = write_trace(tmp_path / "t.csv", rows, header=header)
+    with pytest.raises(ValueError, match=message):
+        build_workload(trace(path, arrival="poisson", rate=1.0), tokenizer)
+
+
+@pytest.mark.usefixtures("own_hydra")
+def test_length_trace_bad_input_is_refused_by_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_lengths(tmp_path / "t.csv", "arxiv")
+    args = ("model=tiny", "workload=trace", f"workload.path={path}", f"hydra.run.dir={tmp_path}")
+    status, _, err = cli(capsys, *args)
+    assert_refused(status, err, "no TIMESTAMP column")
+    status, _, err = cli(capsys, *args, "workload.arrival=poisson", "workload.rate=-3")
+    assert_refused(status, err, "workload.rate must be > 0")
+    assert not (tmp_path / "metrics.json").exists()

@@ -97,11 +97,18 @@ class SyntheticWorkloadConfig(WorkloadConfig):
 
 @dataclass
 class TraceWorkloadConfig(WorkloadConfig):
-    """Replay of a production trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+    """Replay of a production trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens), or of a
+    CSV of lengths alone (num_prefill_tokens, num_decode_tokens) under generated arrivals.
 
     `time_scale` multiplies the recorded gaps: 0.5 replays twice as fast (double the load),
     2.0 half as fast, 0 sends the whole slice at t=0. Lengths are clamped to the caps and to
     at least 1 token (an engine cannot run an empty prompt or generate nothing).
+
+    `arrival`: `recorded` replays the TIMESTAMP column; `poisson`, `gamma` and `burst` keep
+    the recorded lengths and draw the arrivals as the synthetic workload does, at `rate`
+    requests/s (gamma: gaps with coefficient of variation `cv`; burst: everyone at t=0),
+    seeded by `seed`. Which columns hold the lengths is recognised from the header (either
+    layout above), or named by `prompt_column` and `output_column` together.
     """
 
     kind: str = "trace"
@@ -111,6 +118,11 @@ class TraceWorkloadConfig(WorkloadConfig):
     time_scale: float = 1.0
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
+    arrival: str = "recorded"  # recorded | poisson | gamma | burst
+    rate: float | None = None  # requests per second (poisson, gamma); None with recorded
+    cv: float = 2.0  # of the gamma inter-arrival gaps
+    prompt_column: str | None = None  # None: recognised from the header
+    output_column: str | None = None
 
 
 @dataclass
