@@ -99,22 +99,23 @@ def test_the_salt_keeps_models_apart() -> None:
 
 # ---- the per-step table check at scale -----------------------------------------------------
 
-FULL = PrefixCachingPool.FULL_CHECK_ENTRIES
+WATCH = 4096  # the tests' whole-check budget: a schedule short enough to watch in a few steps
 PREFIX = 8  # blocks every table shares
 
 
 def big_tables(rows: int = 100, blocks: int = 90) -> tuple[PrefixCachingPool, dict[str, list[int]]]:
-    """Running tables with more than `FULL_CHECK_ENTRIES` entries (so the per-step check
+    """Running tables with more than `WATCH` entries (so the per-step check
     takes its incremental path), all but the last sharing one published prefix, just
     checked whole."""
     pool = PrefixCachingPool(rows * blocks, BS)
+    pool.CHECK_ENTRIES_PER_STEP = WATCH
     head = published(pool, "r0", list(range(PREFIX * BS)))
     tables = {"r0": head + pool.allocate("r0", blocks - PREFIX)}
     for i in range(1, rows - 1):
         pool.share(f"r{i}", head)
         tables[f"r{i}"] = head + pool.allocate(f"r{i}", blocks - PREFIX)
     tables[f"r{rows - 1}"] = pool.allocate(f"r{rows - 1}", blocks)  # a prefix of its own
-    assert sum(map(len, tables.values())) > FULL
+    assert sum(map(len, tables.values())) > WATCH
     pool.check_tables_full(tables)
     return pool, tables
 
@@ -134,7 +135,7 @@ def count_full_checks(pool: PrefixCachingPool, monkeypatch: Any) -> list[int]:
 
 def steps_to_full(tables: dict[str, list[int]]) -> int:
     """How many steps after a whole check the schedule runs the next one."""
-    return -(-sum(map(len, tables.values())) // FULL)
+    return -(-sum(map(len, tables.values())) // WATCH)
 
 
 def test_small_tables_get_the_whole_check_every_step() -> None:
@@ -148,9 +149,10 @@ def test_small_tables_get_the_whole_check_every_step() -> None:
 
 def test_large_tables_get_the_whole_check_on_schedule(monkeypatch: Any) -> None:
     """Between whole checks, rows grow, leave and are re-admitted with new tables; every
-    step passes, and the whole check runs once the steps times `FULL_CHECK_ENTRIES` reach
+    step passes, and the whole check runs once the steps times its per-step budget reach
     the entries."""
     pool, tables = big_tables()
+    assert PrefixCachingPool.CHECK_ENTRIES_PER_STEP < WATCH  # the engine's is finer
     full = count_full_checks(pool, monkeypatch)
     assert steps_to_full(tables) == 3
     for step in range(1, 10):
