@@ -50,9 +50,9 @@ def write_results(
         for row in rows:
             row["replica"] = result.replica_of.get(row["id"])
     _write_csv(out / "requests.csv", rows)
-    gz = ".gz" if compressed(cfg, result) else ""
-    for stale in ("steps.csv", "outputs.jsonl"):  # a rerun into the same folder
-        (out / (stale + (".gz" if not gz else ""))).unlink(missing_ok=True)
+    gz, other = (".gz", "") if compressed(cfg, result) else ("", ".gz")
+    for name in ("steps.csv", "outputs.jsonl"):  # the other form, from a rerun into the folder
+        (out / f"{name}{other}").unlink(missing_ok=True)
     write_steps(out / f"steps.csv{gz}", result.steps, replicas=result.step_replicas)
     write_outputs(out / f"outputs.jsonl{gz}", result.seqs, texts)
 
