@@ -10,6 +10,7 @@ refused, naming both, unless `executor.any_profile=true` says that is what the u
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,21 @@ def shipped_profiles() -> list[tuple[Path, dict[str, Any]]]:
     """Every profile shipped with nanoserve, with its `meta`."""
     found = []
     for path in sorted(PROFILES.glob("*.y*ml")) + sorted(PROFILES.glob("*.json")):
-        try:
-            found.append((path, read_profile(path).get("meta") or {}))
-        except ValueError:
-            continue  # a broken shipped file is a bug for the tests to find, not a user error
+        meta = _shipped_meta(path, path.stat().st_mtime_ns)
+        if meta is not None:  # a broken shipped file is a bug for the tests to find
+            found.append((path, dict(meta)))
     return found
+
+
+@functools.lru_cache(maxsize=512)
+def _shipped_meta(path: Path, mtime_ns: int) -> dict[str, Any] | None:
+    """A shipped profile's `meta`, parsed once per version of the file: every simulated run
+    without `executor.profile` looks through them all, and parsing them took about half a
+    second a replica, again for each job of a sweep and each probe of a goodput search."""
+    try:
+        return read_profile(path).get("meta") or {}
+    except ValueError:
+        return None
 
 
 def choose_profile(cfg: DictConfig, shape: ModelShape) -> str | None:
