@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 @dataclass
 class RouterConfig(PolicyConfig):
     seed: int = 0  # routers that draw at random draw from this seed
+    # With prefill replicas (`cluster.roles`): the router policy that picks each request's
+    # decode replica, after its prefill; null: a second instance of this one, same options.
+    decode: str | None = None
 
 
 class ReplicaView:
@@ -44,8 +47,10 @@ class ReplicaView:
 
     @property
     def waiting(self) -> int:
-        """Requests routed here and not running: not yet arrived at its clock, or queued."""
-        return len(self._engine.pending) + len(self._engine.waiting)
+        """Requests routed here and not running: not yet arrived at its clock, or queued;
+        on a decode replica also those whose KV is on its way here or has landed."""
+        e = self._engine
+        return len(e.pending) + len(e.waiting) + len(e.receiving)
 
     @property
     def running(self) -> int:
@@ -74,7 +79,12 @@ class ReplicaView:
         """Tokens it may still generate: each unfinished request's `max_tokens` less what it
         has generated (an upper bound: a request may stop early)."""
         e = self._engine
-        held = [*e.pending, *e.waiting, *(s for s in e.running if not s.finished)]
+        held = [
+            *e.pending,
+            *e.waiting,
+            *e.receiving.values(),
+            *(s for s in e.running if not s.finished),
+        ]
         return sum(max(0, s.sampling.max_tokens - len(s.output_token_ids)) for s in held)
 
     @property

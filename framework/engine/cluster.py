@@ -2,11 +2,19 @@
 
 Each replica is an `Engine` with its own KV pool, policies and virtual clock, all clocks on
 one time axis from 0. The loop takes the earliest event:
+- an event of the link between the replicas (prefill/decode disaggregation only: a KV
+  transfer's bytes starting or ending, or a transfer done, `framework.engine.handoff`);
 - the next arrival, when no replica with work has a clock before it: the router reads each
-  replica as it stands (as of its last step begun before the arrival) and the request joins
-  the chosen replica's queue at its arrival time;
+  replica it may choose as it stands (as of its last step begun before the arrival) and the
+  request joins the chosen replica's queue at its arrival time;
 - else one step of the replica whose clock is earliest (an idle replica jumps to its next
   arrival first, as a single engine does).
+
+Replicas have roles (`mixed` unless `roles` says otherwise): a `mixed` replica serves a
+request whole, a `prefill` replica up to its first token, a `decode` replica the rest of
+one handed off by a prefill replica. The router chooses among the prefill-capable ones
+(`prefill` and `mixed`), on a view of those alone, numbered 0..k-1 in replica order; with
+every replica `mixed` that is every replica, and the replay is the plain cluster's.
 
 Under `executor.host_time=measured` a replica's clock counts only the real time of its own
 steps: it is paused while the others step and while the router decides.
@@ -23,21 +31,35 @@ from dataclasses import dataclass
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
+from framework.engine.handoff import HandOffs
+from framework.engine.link import TransferRecord
 from framework.engine.loop import Engine, RunResult
 from framework.engine.request import RequestSpec
 
 
 @dataclass
 class ClusterResult:
-    """Each replica's own result, and which replica served each request (by id)."""
+    """Each replica's own result, and which replica served each request (by id): the one
+    the router chose (for a request handed off, its prefill replica). With disaggregation,
+    also each replica's role, the decode replica of each request handed off, and every
+    transfer; None without."""
 
     replicas: list[RunResult]
     replica_of: dict[str, int]
+    roles: list[str] | None = None
+    decode_of: dict[str, int] | None = None
+    transfers: list[TransferRecord] | None = None
 
 
 class Cluster:
     def __init__(
-        self, engines: list[Engine], router: Router, name: str, provider: str | None = None
+        self,
+        engines: list[Engine],
+        router: Router,
+        name: str,
+        provider: str | None = None,
+        roles: list[str] | None = None,
+        handoffs: HandOffs | None = None,
     ) -> None:
         if not engines:
             raise ValueError("cluster.replicas must be >= 1")
@@ -45,8 +67,24 @@ class Cluster:
         self.router = Guarded(router, "router", name, provider)
         self.name = name
         self.provider = provider
-        self.views = tuple(ReplicaView(i, e) for i, e in enumerate(engines))
+        self.roles = roles
+        role = roles or ["mixed"] * len(engines)
+        if len(role) != len(engines):
+            raise ValueError(f"cluster.roles has {len(role)} roles for {len(engines)} replicas")
+        self.prefill_ids = [i for i, r in enumerate(role) if r in ("prefill", "mixed")]
+        if not self.prefill_ids:
+            raise ValueError("cluster.roles leave no prefill-capable replica (prefill or mixed)")
+        if "prefill" in role and handoffs is None:
+            raise ValueError("a cluster with prefill replicas needs its hand-offs (a link)")
+        for i, r in enumerate(role):
+            if r == "prefill":
+                engines[i].tokens_here = 1  # its first token, then the request is handed off
+        self.handoffs = handoffs if "prefill" in role else None
+        self.views = tuple(ReplicaView(j, engines[i]) for j, i in enumerate(self.prefill_ids))
         self.replica_of: dict[str, int] = {}
+        # Replicas idle with requests waiting that their blocks, held for KV transfers, keep
+        # out: they step again at their next arrival, or when a transfer frees their blocks.
+        self.stalled: set[int] = set()
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> ClusterResult:
         ids = [s.id for s in specs]
@@ -60,45 +98,96 @@ class Cluster:
         # Each replica's next step time, kept as it changes (when it steps, or a request is
         # routed to it): inf while it has no work. A whole trace is millions of iterations.
         inf = float("inf")
-        upcoming = [self._next_time(e) if e.has_work else inf for e in self.engines]
+        upcoming = [self._next_time(i) for i in range(len(self.engines))]
         order = range(len(self.engines))
+        moves = self.handoffs
         i = 0
         while True:
             first = min(order, key=upcoming.__getitem__)  # ties: the lowest replica
-            if i < len(arrivals) and arrivals[i].arrival <= upcoming[first]:
+            soonest = upcoming[first]
+            if i < len(arrivals):
+                soonest = min(soonest, arrivals[i].arrival)
+            t = moves.next_time() if moves is not None else inf
+            if moves is not None and t <= soonest and t < inf:
+                for src, dst in moves.advance(t):
+                    self._wake(src, t)  # its blocks are freed
+                    upcoming[src] = self._next_time(src)
+                    upcoming[dst] = self._next_time(dst)  # the request's KV has landed
+            elif i < len(arrivals) and arrivals[i].arrival <= upcoming[first]:
                 chosen = self._route(arrivals[i], eos_token_id)
-                upcoming[chosen] = self._next_time(self.engines[chosen])
+                upcoming[chosen] = self._next_time(chosen)
                 i += 1
             elif upcoming[first] == inf:
+                if moves is not None and moves.waiting:
+                    raise moves.stuck()
                 break
             else:
                 e = self.engines[first]
+                if first in self.stalled:  # its clock gets to the time it was woken for
+                    e.clock.wait_until(upcoming[first])
+                    self.stalled.discard(first)
                 e.clock.resume()
-                e.advance()
+                stats = e.advance()
                 e.clock.pause()
-                upcoming[first] = self._next_time(e) if e.has_work else inf
+                if stats is None and e.sending and e.waiting and not e.running:
+                    self.stalled.add(first)
+                upcoming[first] = self._next_time(first)
+                if moves is not None:
+                    moves.collect(first)
+                    if moves.waiting:
+                        for dst in moves.place(e.now()):
+                            upcoming[dst] = self._next_time(dst)
         return self.finish(specs)
 
-    @staticmethod
-    def _next_time(engine: Engine) -> float:
-        """When the replica's next step begins: now, or its next arrival when idle."""
-        if engine.waiting or engine.running:
+    def _next_time(self, index: int) -> float:
+        """When the replica's next step begins: now, or its next arrival (or KV landing)
+        when idle or stalled; inf when it has nothing to do."""
+        engine = self.engines[index]
+        if engine.running or (engine.waiting and index not in self.stalled):
             return engine.now()
-        return max(engine.now(), engine.pending[0].arrival)
+        if engine.pending or engine.landed:
+            return max(engine.now(), engine.next_work())
+        return float("inf")
+
+    def _wake(self, index: int, t: float) -> None:
+        """A stalled replica whose blocks a transfer freed at `t` tries its queue again."""
+        if index in self.stalled:
+            self.stalled.discard(index)
+            self.engines[index].clock.wait_until(t)
 
     def _route(self, spec: RequestSpec, eos_token_id: int | None) -> int:
         view = ClusterView(now=spec.arrival, replicas=self.views)
-        chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider)
-        self.engines[chosen].submit(spec, eos_token_id)
-        return chosen
+        scope = (
+            "the cluster has replicas"
+            if len(self.views) == len(self.engines)
+            else "its view has the prefill-capable replicas (prefill, mixed)"
+        )
+        chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider, scope)
+        replica = self.prefill_ids[chosen]
+        self.replica_of[spec.id] = replica
+        self.engines[replica].submit(spec, eos_token_id)
+        return replica
 
     def partial_result(self) -> ClusterResult:
-        return ClusterResult([e.partial_result() for e in self.engines], dict(self.replica_of))
+        return self._result([e.partial_result() for e in self.engines])
 
     def finish(self, specs: list[RequestSpec]) -> ClusterResult:
         results = [e.finish() for e in self.engines]
-        check_served_once(specs, results, self.replica_of)
-        return ClusterResult(results, dict(self.replica_of))
+        decode_of = self.handoffs.decode_of if self.handoffs is not None else None
+        check_served_once(specs, results, self.replica_of, decode_of)
+        if self.handoffs is not None:
+            self.handoffs.check_end(len(specs))
+        return self._result(results)
+
+    def _result(self, results: list[RunResult]) -> ClusterResult:
+        moves = self.handoffs
+        return ClusterResult(
+            results,
+            dict(self.replica_of),
+            roles=list(self.roles) if self.roles is not None else None,
+            decode_of=dict(moves.decode_of) if moves is not None else None,
+            transfers=list(moves.records) if moves is not None else None,
+        )
 
 
 def route(
@@ -108,10 +197,11 @@ def route(
     replica_of: dict[str, int],
     name: str,
     provider: str | None,
+    scope: str = "the cluster has replicas",
 ) -> int:
     """The router's choice for `spec`, checked (an index in range, each request once) and
     recorded in `replica_of`; a choice that breaks the contract is a `PolicyError` naming
-    the router."""
+    the router. `scope` says what the view's indices are, for the message."""
 
     def fail(msg: str) -> PolicyError:
         tag = f" ({provider})" if provider else ""
@@ -122,7 +212,7 @@ def route(
         raise fail(f"returned {chosen!r} for {spec.id}, not a replica index")
     if not 0 <= chosen < len(view):
         last = len(view) - 1
-        raise fail(f"sent {spec.id} to replica {chosen}; the cluster has replicas 0..{last}")
+        raise fail(f"sent {spec.id} to replica {chosen}; {scope} 0..{last}")
     if spec.id in replica_of:
         raise fail(f"{spec.id} was routed twice")
     replica_of[spec.id] = chosen
@@ -130,16 +220,26 @@ def route(
 
 
 def check_served_once(
-    specs: list[RequestSpec], results: list[RunResult], replica_of: dict[str, int]
+    specs: list[RequestSpec],
+    results: list[RunResult],
+    replica_of: dict[str, int],
+    decode_of: dict[str, int] | None = None,
 ) -> None:
     """Every request of the workload is held by exactly one replica, the one it was routed
-    to, and no replica holds a request that was not routed to it."""
+    to, and no replica holds a request that was not routed to it. A request handed off is
+    held, beside, by its decode replica alone, as a copy that arrived with its first
+    tokens (`carried`): prefilled once, decoded once."""
     seen: dict[str, int] = {}
+    copies: dict[str, int] = {}
     for index, result in enumerate(results):
         for seq in result.seqs:
-            if seq.id in seen:
-                raise AssertionError(f"{seq.id} is held by replicas {seen[seq.id]} and {index}")
-            seen[seq.id] = index
+            held = copies if seq.carried else seen
+            if seq.id in held:
+                raise AssertionError(f"{seq.id} is held by replicas {held[seq.id]} and {index}")
+            held[seq.id] = index
+    if copies != (decode_of or {}):
+        wrong = sorted(set(copies.items()) ^ set((decode_of or {}).items()))[:5]
+        raise AssertionError(f"decode copies and decode replicas disagree: {wrong}")
     want = {s.id for s in specs}
     if set(seen) != want:
         lost = sorted(want - set(seen))[:5]

@@ -34,6 +34,9 @@ class HeldStep:
     # When these tokens exist on the device, on a virtual clock whose device runs apart
     # from the host (`VirtualClock.overlap`); unread otherwise.
     ready_at: float = 0.0
+    # The step's forward seconds: a layer-wise KV transfer of a request handed off from
+    # this step overlaps its layers (`framework.engine.handoff`).
+    forward_s: float = 0.0
 
     @property
     def kept_rows(self) -> int:
@@ -63,6 +66,10 @@ class HeldTokens:
         # A readback's seconds as the executor predicts them (a simulator: it does none);
         # None: timed as it happens. Set when a run starts.
         self.readback_s: float | None = None
+        # Requests whose part here is done though they owe more tokens (a prefill replica's,
+        # after their first token), each with its step's forward seconds: the engine takes
+        # them out of the running rows, their blocks still held, to be handed off.
+        self.handed: list[tuple[Sequence, float]] = []
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -79,10 +86,17 @@ class HeldTokens:
         return self.steps[-1] if self.steps else None
 
     def hold(
-        self, rows: list[Sequence], discard: list[bool], tokens: object, window: float, at: float
+        self,
+        rows: list[Sequence],
+        discard: list[bool],
+        tokens: object,
+        window: float,
+        at: float,
+        forward_s: float = 0.0,
     ) -> None:
         """A step's sampled tokens join the held steps; their copy home starts now."""
-        held = HeldStep(rows, discard, self.readback.start(tokens), window, at)  # type: ignore[arg-type]
+        pending = self.readback.start(tokens)  # type: ignore[arg-type]
+        held = HeldStep(rows, discard, pending, window, at, forward_s)
         self.steps.append(held)
         self.counters.deferred_tokens += held.kept_rows
         self.counters.held_tokens += held.kept_rows
@@ -164,6 +178,10 @@ class HeldTokens:
                     if window >= 1:
                         counters.expected_overshoot += (window + 1) / 2
                 elif len(out) >= seq._max_tokens:
+                    if len(out) < seq.spec.sampling.max_tokens:  # done here, owed elsewhere
+                        seq.status = Status.SENDING
+                        self.handed.append((seq, h.forward_s))
+                        continue
                     seq.finish_reason = "length"
                 if seq.finish_reason:
                     seq.status = Status.FINISHED

@@ -31,9 +31,11 @@ def check_step(
     output_name: str,
     max_num_seqs: int,
     max_num_batched_tokens: int,
+    parked: list[Sequence] | None = None,
 ) -> None:
     """O(running) checks after each step, on the engine's state passed in by name (this
-    module never imports the engine, which calls it)."""
+    module never imports the engine, which calls it). `parked` are the requests that hold
+    blocks without a row: handed off and not yet sent, or reserved for a KV transfer."""
     if len(batch.rows) > max_num_seqs:
         raise InvariantError(f"step ran {len(batch.rows)} rows > max_num_seqs {max_num_seqs}")
     if batch.num_tokens > max_num_batched_tokens:
@@ -54,8 +56,14 @@ def check_step(
             f"the batch says {batch.num_tokens} tokens ({batch.prefill_tokens} prefill); its "
             f"rows hold {tokens} ({prefill} prefill)"
         )
+    tables = {s.id: s.block_table for s in running}
+    if parked:
+        for s in parked:
+            if s.id in tables:
+                raise InvariantError(f"{s.id} holds blocks both as a running row and parked")
+            tables[s.id] = s.block_table
     try:  # per pool kind: one owner a block, or reference counts (prefix caching)
-        pool.check_tables({s.id: s.block_table for s in running})
+        pool.check_tables(tables)
     except BlockPoolError as exc:
         raise InvariantError(str(exc)) from exc
     c = counters
@@ -96,8 +104,11 @@ def check_step(
 
 
 def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: list[Any]) -> None:
-    """Every request accounted for, every block home, every token owed delivered."""
-    lost = [s.id for s in seqs if s.status not in (Status.RELEASED, Status.REJECTED)]
+    """Every request accounted for, every block home, every token owed delivered. A request
+    handed off to a decode replica (`TRANSFERRED`) owes the rest there: here it delivered
+    its first tokens; a decode replica's copy delivered all but those it `carried`."""
+    done = (Status.RELEASED, Status.REJECTED, Status.TRANSFERRED)
+    lost = [s.id for s in seqs if s.status not in done]
     if lost:
         raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
     if held or counters.held_tokens:
@@ -120,10 +131,14 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
                 raise InvariantError(f"rejected request {s.id} has output")
             continue
         n = len(s.output_token_ids)
-        delivered += n
+        delivered += n - s.carried
         stops = s.stop_ids()
         if any(t in stops for t in s.output_token_ids[:-1]):
             raise InvariantError(f"{s.id} kept tokens after a stop token")
+        if s.status is Status.TRANSFERRED:
+            if s.finish_reason is not None or s.block_table or not n:
+                raise InvariantError(f"{s.id} was handed off finished, holding blocks or empty")
+            continue
         if s.finish_reason == "length" and n != s.sampling.max_tokens:
             raise InvariantError(f"{s.id} finished by length with {n} != {s.sampling.max_tokens}")
         if s.finish_reason == "stop" and (

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,7 @@ from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import CostModel
 from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import Executor
+from framework.engine.handoff_side import HandOffSide
 from framework.engine.heap import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import check_end, check_step
@@ -45,6 +46,9 @@ from framework.engine.readback import Readback
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog
+
+if TYPE_CHECKING:
+    from framework.engine.link import TransferRecord
 
 
 @dataclass
@@ -92,6 +96,12 @@ class RunResult:
     replica_of: dict[str, int] | None = None
     step_replicas: list[int] | None = None
     replicas: list[RunResult] | None = None
+    # A cluster with replica roles: each replica's; with prefill replicas also each handed
+    # off request's decode replica, every KV transfer, and the link they crossed.
+    roles: list[str] | None = None
+    decode_of: dict[str, int] | None = None
+    transfers: list[TransferRecord] | None = None
+    link: dict[str, Any] | None = None
 
 
 def describe(executor: Any) -> dict[str, str]:
@@ -101,7 +111,7 @@ def describe(executor: Any) -> dict[str, str]:
     return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
-class Engine:
+class Engine(HandOffSide):
     def __init__(
         self,
         executor: Executor,
@@ -147,6 +157,16 @@ class Engine:
             self.clock,
         )
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
+        # Prefill/decode disaggregation, set by a cluster for a `prefill` replica: the
+        # output tokens it generates of each request before handing it off (1: the first).
+        # None: every token, as one engine.
+        self.tokens_here: int | None = None
+        planner = self.planner  # the hand-off books live with the planner, which moves rows
+        self.sending, self.receiving, self.landed = (
+            planner.sending,
+            planner.receiving,
+            planner.landed,
+        )
 
     @property
     def clock(self) -> Clock:
@@ -199,6 +219,8 @@ class Engine:
         """One more request, arriving no earlier than any submitted before it (a cluster's
         router hands each replica its requests one at a time, in arrival order)."""
         seq = Sequence(spec, eos_token_id)
+        if self.tokens_here is not None:
+            seq.stop_here_after(self.tokens_here)
         self.seqs.append(seq)
         self._enqueue(seq)
         return seq
@@ -212,13 +234,24 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.pending or self.waiting or self.running)
+        return bool(self.pending or self.waiting or self.running or self.landed)
 
-    def advance(self) -> None:
-        """One step; when nothing has arrived yet, the clock first gets to the next arrival."""
+    def next_work(self) -> float:
+        """When an engine with nothing queued or running next has something to do: its next
+        arrival, or the landing of a request's KV (a decode replica), whichever is first."""
+        times = []
+        if self.pending:
+            times.append(self.pending[0].arrival)
+        if self.landed:
+            times.append(self.landed[0][0])
+        return min(times)
+
+    def advance(self) -> StepStats | None:
+        """One step; when nothing has arrived yet, the clock first gets to the next arrival.
+        Returns the step's stats, None when nothing ran."""
         if not self.waiting and not self.running:
-            self.clock.wait_until(self.pending[0].arrival)
-        self.step()
+            self.clock.wait_until(self.next_work())
+        return self.step()
 
     def finish(self) -> RunResult:
         """The result, after the books are checked whole (`check_end`)."""
@@ -276,6 +309,7 @@ class Engine:
         self.timer.lap("build")
         wasted = self._execute(batch)
         self._release()
+        self.planner.hand_off()
         kept, finished = self.output.take()
         self._notify(finished)
         stats = self._stats(batch, plan, kept, wasted, transfers)
@@ -297,9 +331,10 @@ class Engine:
 
     def _idle(self) -> None:
         """Nothing runs this step: a scheduler that admits no one while requests wait and
-        none is still to arrive would stall the run forever."""
+        none is still to arrive would stall the run forever (unless blocks held for KV
+        transfers, which will be freed, are what keeps them out)."""
         self._notify(self.output.take()[1])
-        if self.waiting and not self.pending:
+        if self.waiting and not self.pending and not (self.sending or self.receiving):
             raise self._fail(
                 "scheduler",
                 f"admitted nothing while the engine is idle and {len(self.waiting)} requests wait",
@@ -337,7 +372,12 @@ class Engine:
         self.counters.prefill_tokens += batch.prefill_tokens
         self.counters.prefill_chunks += len(batch.rows) - batch.decode_rows
         self.output.hold(
-            list(self.running), unkept, result.tokens, self.p.output.window(), ready_at
+            list(self.running),
+            unkept,
+            result.tokens,
+            self.p.output.window(),
+            ready_at,
+            result.forward_s,
         )
         return wasted
 
@@ -383,6 +423,7 @@ class Engine:
         check_step(
             batch,
             running=self.running,
+            parked=[*self.sending.values(), *self.receiving.values()],
             pool=self.pool,
             counters=self.counters,
             held_steps=len(self.output.steps),

@@ -30,6 +30,17 @@ from framework.engine.phases import PhaseTimer
 from framework.engine.sequence import Sequence, Status
 
 
+@dataclass(frozen=True)
+class HandOff:
+    """A request whose part on this replica is done (a prefill replica's, at its first
+    token): when it left the running rows, its blocks still held, and the forward seconds
+    of the step that sampled its token (what a layer-wise transfer overlaps)."""
+
+    seq: Sequence
+    at: float
+    forward_s: float
+
+
 @dataclass
 class StepPlan:
     """What this step's planning did, and what the batch build needs of it."""
@@ -80,6 +91,15 @@ class Planner:
         # admissions, so a finding never outlives the step it was made in (the blocks it
         # counted may be evicted since).
         self._hinted: list[Sequence] = []
+        # A cluster's prefill/decode disaggregation (each empty otherwise). Here a request's
+        # blocks are held either by a running row or by one of these:
+        # - `sending`: handed off after its part here (its first token), its KV not yet sent;
+        # - `receiving`: blocks reserved for a request's KV coming from a prefill replica,
+        #   in flight or `landed` (arrived, at that time), until it joins the running rows.
+        self.sending: dict[str, Sequence] = {}
+        self.outbox: list[HandOff] = []  # hand-offs the cluster has not taken yet
+        self.receiving: dict[str, Sequence] = {}
+        self.landed: deque[tuple[float, Sequence]] = deque()
 
     def now(self) -> float:
         return self.clock.now()
@@ -94,6 +114,8 @@ class Planner:
     def plan(self, timer: PhaseTimer) -> StepPlan:
         plan = StepPlan()
         plan.evicted = self.evict()
+        if self.landed:
+            self.join_landed()
         timer.lap("schedule")
         plan.preempted = self.grow()
         timer.lap("allocate")
@@ -150,6 +172,43 @@ class Planner:
         n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
         return n - self.pool.in_use(self.pool.cached_blocks(seq))
 
+    # ---- hand-offs (prefill/decode disaggregation) ------------------------------------
+    def drain_all(self) -> None:
+        """Every held token home; a request whose part here that ends leaves the rows."""
+        self.output.drain_all()
+        self.hand_off()
+
+    def hand_off(self) -> None:
+        """Rows whose part here is done though they owe more tokens (`HeldTokens.handed`)
+        leave the running rows, their blocks still held, for the cluster to move: a
+        hand-off is not an eviction, so no scheduler is asked."""
+        handed = self.output.handed
+        if not handed:
+            return
+        now = self.now()
+        for seq, forward_s in handed:
+            self.running.remove(seq)
+            self.sending[seq.id] = seq
+            self.outbox.append(HandOff(seq, now, forward_s))
+        handed.clear()
+
+    def join_landed(self) -> None:
+        """Requests whose KV has landed join the running rows as decode rows while a row is
+        free, ahead of any admission: their blocks are theirs since the reservation, and
+        their prompt is computed (it came over the link)."""
+        now = self.now()
+        landed = self.landed
+        if not (landed[0][0] <= now and len(self.running) < self.limits.max_num_seqs):
+            return
+        self.drain_all()  # the rows change: held tokens home first
+        while landed and landed[0][0] <= now and len(self.running) < self.limits.max_num_seqs:
+            _, seq = landed.popleft()
+            del self.receiving[seq.id]
+            seq.status = Status.RUNNING
+            seq.admit_order = self._admit_counter
+            self._admit_counter += 1
+            self.running.append(seq)
+
     # ---- evict, grow, displace -------------------------------------------------------
     def evict(self) -> int:
         """Release the finished rows the scheduler names. Their held tokens come home first
@@ -159,7 +218,7 @@ class Planner:
             return 0
         evict = self.p.scheduler.evict(self.view())
         if evict and self.output.steps:
-            self.output.drain_all()
+            self.drain_all()
             evict = self.p.scheduler.evict(self.view())
         for seq in evict:
             if seq not in self.running or not seq.finished:
@@ -200,7 +259,7 @@ class Planner:
             if short <= 0:
                 break
             if self.output.steps:  # the rows are about to change: every held token home first
-                self.output.drain_all()
+                self.drain_all()
                 continue
             victims = self.p.preemption.victims(self.view(), short)
             if not victims:
@@ -222,7 +281,7 @@ class Planner:
             return 0
         victims = self.p.scheduler.displace(self.view())
         if victims and self.output.steps:  # rows change: held tokens home first, ask again
-            self.output.drain_all()
+            self.drain_all()
             victims = self.p.scheduler.displace(self.view())
         for v in victims:
             if v not in self.running or v.finished:
@@ -336,7 +395,7 @@ class Planner:
     def admit(self, admit: list[Sequence]) -> None:
         """The chosen requests join the running rows, with their blocks."""
         if admit:  # the rows change: held tokens must reach their requests first
-            self.output.drain_all()
+            self.drain_all()
         # Every admission's cached blocks are taken before any fresh block is handed out:
         # a fresh allocation may evict a cached block nobody holds, and one that a later
         # admission of this step was charged as cached must still be there for it.

@@ -18,6 +18,12 @@ class Status(enum.Enum):
     FINISHED = "finished"  # owes no more tokens; may still hold a row (static batching)
     RELEASED = "released"  # finished and its blocks are back in the pool
     REJECTED = "rejected"  # can never run here; see `reject_reason`
+    # Prefill/decode disaggregation (a cluster's `prefill` replicas): the first token is
+    # sampled on a prefill replica, then the request's KV moves to a decode replica.
+    SENDING = "sending"  # on its prefill replica: first token sampled, KV held until sent
+    RECEIVING = "receiving"  # on its decode replica: blocks reserved, KV in flight or landed
+    TRANSFERRED = "transferred"  # on its prefill replica: KV sent, blocks freed (the decode
+    # replica's copy of the request serves the rest)
 
 
 @dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
@@ -41,6 +47,9 @@ class Sequence:
     finish_reason: str | None = None
     reject_reason: str | None = None
     preemptions: int = 0
+    # Output tokens it arrived with from a prefill replica, whose KV came with it (a decode
+    # replica's copy of the request): this replica neither computed nor kept them. 0 else.
+    carried: int = 0
     admit_order: int = -1  # monotone admission counter: newest has the largest
     # Seconds since run start; None until it happens.
     admitted_at: float | None = None
@@ -126,6 +135,27 @@ class Sequence:
         return self.finish_reason is not None or (
             len(self.output_token_ids) + self.num_held >= self._max_tokens
         )
+
+    def stop_here_after(self, tokens: int) -> None:
+        """This replica generates at most `tokens` of the request's output, then hands it
+        on (a prefill replica: its first token). Every length check reads `_max_tokens`,
+        so the engine treats the row as done here after them; the request keeps its own
+        `max_tokens`, which tells a hand-off from a finish (`HeldTokens.apply`)."""
+        self._max_tokens = min(self._max_tokens, tokens)
+
+    def moved(self) -> Sequence:
+        """The request as a decode replica receives it from its prefill replica: the tokens
+        and times so far, the prompt's KV computed (it comes over the link), nothing to
+        prefill, and its own `max_tokens` again."""
+        copy = Sequence(self.spec, self.eos_token_id, Status.RECEIVING)
+        copy.output_token_ids = list(self.output_token_ids)
+        copy.token_times = list(self.token_times)
+        copy.num_computed = copy.prefill_end = self.num_computed
+        copy.carried = len(self.output_token_ids)
+        copy.preemptions = self.preemptions
+        copy.admitted_at = self.admitted_at
+        copy.first_token_at = self.first_token_at
+        return copy
 
     def all_token_ids(self) -> list[int]:
         return list(self.spec.prompt_token_ids) + self.output_token_ids

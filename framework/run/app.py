@@ -30,6 +30,7 @@ from framework.executors.model_loader import (
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.run.cluster_run import ClusterRunner, build_router
 from framework.run.config import check_fits, check_run, check_window
+from framework.run.disaggregation import build_handoffs, decode_router, link_setting
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
 from framework.run.simulation import ModelShape, build_simulated, is_simulated
@@ -201,6 +202,7 @@ def build_runner(
         return build_engine(cfg, model, device, dtype, hooks)
     router, name, provider = build_router(cfg)
     engines = [build_engine(cfg, model, device, dtype, hooks, i == 0) for i in range(replicas)]
+    roles, handoffs = build_handoffs(cfg, engines, model, dtype)
     if not is_simulated(cfg):
         # The real executor's replicas take turns on this machine, over one model in
         # memory: each replica's clock counts the measured time of its own steps only (a
@@ -214,7 +216,8 @@ def build_runner(
             "them at once, each in its own process)",
             file=sys.stderr,
         )
-    return ClusterRunner(engines, router, name, provider)
+    link = link_setting(cfg).describe() | {"layerwise": bool(cfg.cluster.layerwise)}
+    return ClusterRunner(engines, router, name, provider, roles, handoffs, link)
 
 
 def check_before_loading(cfg: DictConfig) -> None:
@@ -223,6 +226,8 @@ def check_before_loading(cfg: DictConfig) -> None:
     sizes and the pool are both known without the model) whether any request fits."""
     check_run(cfg)
     build_router(cfg)  # its options checked whatever the cluster's size
+    if cfg.router.get("decode"):
+        decode_router(cfg)  # a decode router that does not exist, by name
     policies = build_policies(cfg)
     chunks = overrides(policies.scheduler, Scheduler, "chunk")
     check_window(cfg)

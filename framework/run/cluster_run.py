@@ -5,12 +5,15 @@ run as one replay (`framework.engine.cluster`), and the replicas' results merged
 Merging: requests in the workload's order, steps in time order (each with its replica),
 counters summed, pools added up (`num_blocks` the cluster's blocks, `peak_blocks` the sum of
 each replica's own peak: an upper bound of the cluster's simultaneous peak). Each replica's
-own result stays in `replicas`, for `metrics.json`'s per-replica list.
+own result stays in `replicas`, for `metrics.json`'s per-replica list. A request handed off
+from a prefill replica to a decode replica is held by both: the merged result keeps the
+decode replica's copy, which has all its tokens and times.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,8 +21,10 @@ from framework.api.registry import registry
 from framework.api.router import Router
 from framework.engine.cluster import Cluster, ClusterResult
 from framework.engine.counters import Counters
+from framework.engine.handoff import HandOffs
 from framework.engine.loop import Engine, RunResult
 from framework.engine.request import RequestSpec
+from framework.engine.sequence import Sequence
 from framework.engine.step_log import StepLog, merged
 
 
@@ -35,24 +40,41 @@ def build_router(cfg: DictConfig) -> tuple[Router, str, str]:
 class ClusterRunner:
     """Runs like an engine (`run`, `partial_result`), over a cluster."""
 
-    def __init__(self, engines: list[Engine], router: Router, name: str, provider: str) -> None:
+    def __init__(
+        self,
+        engines: list[Engine],
+        router: Router,
+        name: str,
+        provider: str,
+        roles: list[str] | None = None,
+        handoffs: HandOffs | None = None,
+        link: dict[str, Any] | None = None,
+    ) -> None:
         self.engines = engines
-        self.cluster = Cluster(engines, router, name, provider)
+        self.cluster = Cluster(engines, router, name, provider, roles, handoffs)
+        self.link = link if handoffs is not None else None
         self.specs: list[RequestSpec] = []
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
         self.specs = specs
-        return merge(self.cluster.run(specs, eos_token_id), specs)
+        return merge(self.cluster.run(specs, eos_token_id), specs, self.link)
 
     def partial_result(self) -> RunResult:
-        return merge(self.cluster.partial_result(), self.specs)
+        return merge(self.cluster.partial_result(), self.specs, self.link)
 
 
-def merge(result: ClusterResult, specs: list[RequestSpec]) -> RunResult:
+def merge(
+    result: ClusterResult, specs: list[RequestSpec], link: dict[str, Any] | None = None
+) -> RunResult:
     """The replicas' results as one `RunResult` (see the module's note)."""
     parts = result.replicas
     order = {s.id: i for i, s in enumerate(specs)}
-    seqs = sorted((s for r in parts for s in r.seqs), key=lambda s: order.get(s.id, len(order)))
+    latest: dict[str, Sequence] = {}  # a request handed off: its decode replica's copy
+    for r in parts:
+        for s in r.seqs:
+            if s.carried or s.id not in latest:
+                latest[s.id] = s
+    seqs = sorted(latest.values(), key=lambda s: order.get(s.id, len(order)))
     steps, step_replicas = merged([StepLog.of(r.steps) for r in parts])
     counters = Counters()
     for f in fields(Counters):
@@ -70,4 +92,8 @@ def merge(result: ClusterResult, specs: list[RequestSpec]) -> RunResult:
         replica_of=result.replica_of,
         step_replicas=step_replicas,
         replicas=parts,
+        roles=result.roles,
+        decode_of=result.decode_of,
+        transfers=result.transfers,
+        link=link,
     )

@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.executors.kernel_choice import setting
 from framework.executors.model_loader import TinySpec
+from framework.run.roles import check_disaggregation
 
 
 @dataclass
@@ -122,6 +123,20 @@ class ClusterConfig:
     # ray: each replica a Ray actor over the real executor, the router in this process
     backend: str = "local"
     ray_address: str | None = None  # backend=ray: null starts Ray here; auto or HOST:PORT joins
+    # Prefill/decode disaggregation (executor=simulated, backend=local): each replica's role,
+    # prefill | decode | mixed, one per replica; null: every replica mixed (serves requests
+    # whole). Or counts: `prefill` and `decode` replicas first, the rest mixed.
+    roles: list[str] | None = None
+    prefill: int | None = None
+    decode: int | None = None
+    # The link a request's KV crosses from its prefill replica to its decode replica: a
+    # shipped one (nvlink, infiniband, pcie, ethernet: executors/simulated/links.yaml), its
+    # figures overridden by `link_gbps` (Gbit/s, each way, per GPU port: 400 for NDR
+    # InfiniBand) and `link_latency_us` (microseconds) when set.
+    link: str = "nvlink"
+    link_gbps: float | None = None
+    link_latency_us: float | None = None
+    layerwise: bool = False  # each layer's KV sent as the prefill computes the next one
 
 
 @dataclass
@@ -348,6 +363,7 @@ def check_cluster(cfg: Any) -> None:
             "cluster.backend=ray runs replicas of the real executor (executor=model); a "
             "simulated cluster runs in one process on one virtual clock (cluster.backend=local)"
         )
+    check_disaggregation(cfg)
 
 
 def check_window(cfg: Any) -> None:

@@ -49,6 +49,14 @@ def write_results(
     if result.replica_of is not None:  # a cluster: which replica served each request
         for row in rows:
             row["replica"] = result.replica_of.get(row["id"])
+    if result.transfers is not None:  # disaggregated: where each was decoded, its transfer
+        decode_of = result.decode_of or {}
+        moved = {t.id: t for t in result.transfers}
+        for row in rows:
+            t = moved.get(row["id"])
+            row["decode_replica"] = decode_of.get(row["id"], "")
+            row["kv_wait_s"] = "" if t is None else t.wait_s
+            row["kv_transfer_s"] = "" if t is None else t.seconds
     _write_csv(out / "requests.csv", rows)
     gz, other = (".gz", "") if compressed(cfg, result) else ("", ".gz")
     for name in ("steps.csv", "outputs.jsonl"):  # the other form, from a rerun into the folder

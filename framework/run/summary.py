@@ -37,7 +37,10 @@ def summarize(result: RunResult) -> dict[str, Any]:
     max_num_seqs = result.max_num_seqs
     done = [s for s in seqs if s.status == Status.RELEASED]
     n_steps = len(steps)
-    ttft = [s.first_token_at - s.arrival for s in done if s.first_token_at is not None]
+    # A prefill replica's requests handed off to a decode replica had their first token
+    # here: their TTFT is this replica's doing.
+    first = [s for s in seqs if s.status in (Status.RELEASED, Status.TRANSFERRED)]
+    ttft = [s.first_token_at - s.arrival for s in first if s.first_token_at is not None]
     e2e = [s.finished_at - s.arrival for s in done if s.finished_at is not None]
     tpot = [
         (s.finished_at - s.first_token_at) / (len(s.output_token_ids) - 1)
@@ -128,8 +131,27 @@ def summarize(result: RunResult) -> dict[str, Any]:
     summary["clock"] = result.clock
     summary.update(result.executor)
     if result.replicas is not None:
-        summary.update(cluster_summary(result.replicas))
+        summary.update(cluster_summary(result.replicas, result.roles))
+    if result.transfers is not None:
+        summary.update(transfer_summary(result))
     return summary
+
+
+def transfer_summary(result: RunResult) -> dict[str, Any]:
+    """A disaggregated cluster's KV transfers: how many, their bytes (every GPU's shard),
+    their seconds from the reservation to the last byte landed, how long requests waited
+    at their prefill replica for a decode replica's blocks, and the link."""
+    moved = result.transfers or []
+    seconds = [t.seconds for t in moved]
+    waits = [t.wait_s for t in moved]
+    return {
+        "kv_transfers": len(moved),
+        "kv_transfer_bytes": sum(t.bytes for t in moved),
+        "kv_transfer_s_p50": _pct(seconds, 50),
+        "kv_transfer_s_p99": _pct(seconds, 99),
+        "kv_wait_s_p50": _pct(waits, 50),
+        "kv_wait_s_p99": _pct(waits, 99),
+    } | dict(result.link or {})
 
 
 REPLICA_KEYS = (
@@ -142,19 +164,27 @@ REPLICA_KEYS = (
 
 def served_tokens(result: RunResult) -> int:
     """Prompt and output tokens of the requests a replica served: the work routed to it,
-    whatever its cache saved."""
-    return sum(s.prompt_len + len(s.output_token_ids) for s in result.seqs)
+    whatever its cache saved. A decode replica served a handed-off request's output past
+    the tokens it arrived with, not its prompt."""
+    return sum(
+        (0 if s.carried else s.prompt_len) + len(s.output_token_ids) - s.carried
+        for s in result.seqs
+    )
 
 
-def cluster_summary(replicas: list[RunResult]) -> dict[str, Any]:
-    """A cluster's own figures: each replica's counts and times, and how evenly the router
-    spread the work (`load_imbalance`: the largest replica's served tokens over the mean; 1
-    is even)."""
+def cluster_summary(replicas: list[RunResult], roles: list[str] | None = None) -> dict[str, Any]:
+    """A cluster's own figures: each replica's counts and times (and role, when roles are
+    set), and how evenly the router spread the work (`load_imbalance`: the largest
+    replica's served tokens over the mean; 1 is even)."""
     rows = []
     for i, r in enumerate(replicas):
         s = summarize(r)
+        role = {"role": roles[i]} if roles is not None else {}
         rows.append(
-            {"replica": i, "served_tokens": served_tokens(r)} | {k: s[k] for k in REPLICA_KEYS}
+            {"replica": i}
+            | role
+            | {"served_tokens": served_tokens(r)}
+            | {k: s[k] for k in REPLICA_KEYS}
         )
     served = [row["served_tokens"] for row in rows]
     mean = sum(served) / len(served)
