@@ -85,7 +85,9 @@ class HandOffs:
         self.link = link
         self.kv = kv
         self.layerwise = layerwise
-        self.waiting: deque[tuple[int, HandOff]] = deque()  # declined: at their prefill replica
+        # At their prefill replica, in hand-off order: (replica, hand-off, whether a decode
+        # replica was asked already); new ones are asked at once.
+        self.waiting: deque[tuple[int, HandOff, bool]] = deque()
         self.decode_of: dict[str, int] = {}
         self.records: list[TransferRecord] = []
 
@@ -95,23 +97,25 @@ class HandOffs:
         for h in self.engines[src].take_handed_off():
             if h.seq.status is not Status.SENDING or h.seq.id in self.decode_of:
                 raise InvariantError(f"{h.seq.id} handed off twice, or not after its prefill")
-            self.waiting.append((src, h))
+            self.waiting.append((src, h, False))
 
     def place(self, now: float) -> list[int]:
         """Reserve and send from the head of the queue until a decode replica declines;
-        `now` is the time of the event that may have freed blocks. Returns the replicas
-        given a reservation."""
+        `now` is the time of the event that may have freed blocks (the end of a step). A
+        hand-off placed on its first try starts at its own time; one declined before, when
+        the blocks were found. Returns the replicas given a reservation."""
         placed: list[int] = []
         while self.waiting:
-            src, h = self.waiting[0]
-            view = ClusterView(now=max(now, h.at), replicas=self.views)
+            src, h, asked = self.waiting[0]
+            start = max(now, h.at) if asked else h.at
+            view = ClusterView(now=start, replicas=self.views)
             dst = self.decoders[self._choose(view, h.seq)]
             copy = self.engines[dst].reserve(h.seq)
-            if copy is None:
-                break  # it waits at its prefill replica, its blocks held there
+            if copy is None:  # it waits at its prefill replica, its blocks held there
+                self.waiting[0] = (src, h, True)
+                break
             self.waiting.popleft()
             self.decode_of[h.seq.id] = dst
-            start = max(now, h.at)
             overlap = None
             if self.layerwise and start == h.at and self.kv.layers > 0:
                 overlap = Overlap(h.forward_s / self.kv.layers, self.kv.layers)
@@ -175,7 +179,7 @@ class HandOffs:
     def stuck(self) -> PolicyError:
         """Nothing left to happen, yet requests wait for a decode replica's blocks: every
         decode-capable replica is idle and its allocator still declines."""
-        src, h = self.waiting[0]
+        src, h, _ = self.waiting[0]
         return PolicyError(
             f"{len(self.waiting)} requests wait at their prefill replicas for a decode "
             f"replica's blocks, the first {h.seq.id} ({h.seq.num_tokens} tokens, at replica "

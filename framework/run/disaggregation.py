@@ -62,6 +62,11 @@ def decode_router(cfg: DictConfig) -> tuple[Any, str, str]:
     own = OmegaConf.to_container(cfg.router, resolve=True)
     assert isinstance(own, dict)
     name = own.get("decode") or own["name"]
+    if name not in reg.policies.get("router", {}):
+        raise ValueError(
+            f"router.decode={name}: no router policy of that name; router offers "
+            f"{reg.choices('router')}"
+        )
     options = own if name == own["name"] else {"name": name, "seed": own.get("seed", 0)}
     router = reg.build("router", OmegaConf.create(options))
     return router, str(name), reg.get("router", str(name)).provider.label

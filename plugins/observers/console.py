@@ -131,10 +131,14 @@ class ConsoleObserver:
                 "makespan_s", "ttft_p50_s", "tpot_p50_s")  # fmt: skip
         table = Table(title="replicas")
         table.add_column("replica")
+        roles = "role" in rows[0]  # a cluster with replica roles (disaggregation)
+        if roles:
+            table.add_column("role")
         for k in keys:
             table.add_column(k, justify="right")
         for row in rows:
-            table.add_row(str(row["replica"]), *(_fmt(row.get(k)) for k in keys))
+            role = [str(row["role"])] if roles else []
+            table.add_row(str(row["replica"]), *role, *(_fmt(row.get(k)) for k in keys))
         return table
 
     def _answers(self, run: Any) -> None:
