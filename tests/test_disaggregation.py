@@ -54,8 +54,10 @@ def runner(shape: tuple[Any, Any], *overrides: str) -> Any:
     return build_runner(cfg, shape[0], torch.device("cpu"), torch.float32, registry().pm.hook)
 
 
-def spec(i: int, prompt: list[int], max_tokens: int, arrival: float = 0.0) -> RequestSpec:
-    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def spec(
+    i: int, prompt: list[int], max_tokens: int, arrival: float = 0.0, ignore_eos: bool = True
+) -> RequestSpec:
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
     return RequestSpec(f"r{i}", prompt, sampling, arrival=arrival)
 
 
@@ -92,6 +94,7 @@ def test_each_request_is_prefilled_once_and_decoded_once_with_one_engines_tokens
             data.draw(st.lists(st.integers(3, 400), min_size=1, max_size=40)),
             data.draw(st.integers(1, 12)),
             arrival=data.draw(st.floats(0, 0.01)),
+            ignore_eos=data.draw(st.booleans()),  # without: some stop at their first token
         )
         for i in range(n)
     ]
@@ -104,6 +107,7 @@ def test_each_request_is_prefilled_once_and_decoded_once_with_one_engines_tokens
         f"engine.max_num_seqs={data.draw(st.integers(1, 4))}",
         "engine.block_size=4",
         f"engine.num_blocks={data.draw(st.sampled_from([16, 40, 200]))}",
+        "executor.mean_output_tokens=4",
     )
     cluster = (
         f"cluster.replicas={replicas}",
@@ -128,7 +132,7 @@ def test_each_request_is_prefilled_once_and_decoded_once_with_one_engines_tokens
         seq = by_id[s.id]
         if seq.status is Status.REJECTED:
             assert s.id not in moved
-        elif roles[prefill] == "mixed" or s.sampling.max_tokens == 1:
+        elif roles[prefill] == "mixed" or len(seq.output_token_ids) == 1:
             assert s.id not in moved  # served whole where it was prefilled
         else:  # prefilled there, decoded on a decode-capable replica from its second token
             t = moved[s.id]
