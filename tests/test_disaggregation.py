@@ -275,6 +275,49 @@ def test_a_decode_replica_short_of_blocks_keeps_the_request_at_its_prefill_repli
     assert metrics["kv_wait_s_p99"] > 0 and metrics["kv_transfers"] == 6
 
 
+def test_a_prefill_replica_full_of_requests_to_send_waits_for_their_transfers(
+    shape: tuple[Any, Any],
+) -> None:
+    """`long` fills the decode pool (5 of 8 blocks, growing), so the 4-block reservations of
+    the 12-token prompts are declined. They wait at the prefill replica, 3 blocks each:
+    two of them fill its pool and the later ones cannot be admitted (the replica idles,
+    stalled), until transfers free its blocks; every one completes, one engine's tokens."""
+    common = ("engine.block_size=4", "engine.num_blocks=8")
+    specs = [spec(0, [5] * 16, 12)]
+    specs += [spec(1 + i, [9 + i] * 12, 3, arrival=0.002 + 0.0001 * i) for i in range(6)]
+    eos = shape[1].eos_token_id
+    result = runner(shape, "cluster.replicas=2", "cluster.roles=[prefill,decode]", *common).run(
+        specs, eos
+    )
+    assert tokens(result) == tokens(runner(shape, *common).run(specs, eos))
+    moved = {t.id: t for t in result.transfers}
+    assert len(moved) == 7 and moved["r1"].wait_s > 0
+    admitted = {s.id: s.admitted_at for s in result.seqs}
+    freed = sorted(t.done_at for t in result.transfers)
+    late = [i for i, a in admitted.items() if a is not None and a > 0.003]
+    assert late and all(any(f <= admitted[i] for f in freed[1:]) for i in late)
+
+
+def test_a_decode_replica_waits_for_a_landing_to_readmit_what_it_preempted(
+    shape: tuple[Any, Any],
+) -> None:
+    """`a` lands on the decode replica (5 of 8 blocks) and decodes; `b`, handed off later,
+    reserves the other 3 while its KV crosses a link of 60 ms latency. `a` needs a sixth
+    block: it is preempted, and its recompute does not fit beside `b`'s reservation, so the
+    decode replica idles until `b` lands, runs and finishes; then `a` resumes."""
+    common = ("engine.block_size=4", "engine.num_blocks=8")
+    specs = [spec(0, [7] * 16, 12), spec(1, [9] * 8, 2, arrival=0.05)]
+    over = ("cluster.replicas=2", "cluster.roles=[prefill,decode]", "cluster.link_latency_us=60000")
+    eos = shape[1].eos_token_id
+    result = runner(shape, *over, *common).run(specs, eos)
+    assert tokens(result) == tokens(runner(shape, *common).run(specs, eos))
+    a, b = result.seqs
+    landed_b = next(t.done_at for t in result.transfers if t.id == "r1")
+    assert a.preemptions == 1 and summarize(result)["replicas"][1]["preemptions"] == 1
+    gap = next(i for i in range(1, len(a.token_times)) if a.token_times[i] > landed_b)
+    assert a.token_times[gap - 1] < landed_b < b.finished_at <= a.token_times[gap]
+
+
 class Decliner:
     """An allocator that prices like incremental and admits nothing."""
 

@@ -83,7 +83,8 @@ class Cluster:
         self.views = tuple(ReplicaView(j, engines[i]) for j, i in enumerate(self.prefill_ids))
         self.replica_of: dict[str, int] = {}
         # Replicas idle with requests waiting that their blocks, held for KV transfers, keep
-        # out: they step again at their next arrival, or when a transfer frees their blocks.
+        # out: they step again at their next arrival, when a transfer frees their blocks, or
+        # when a request's KV lands.
         self.stalled: set[int] = set()
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> ClusterResult:
@@ -129,7 +130,7 @@ class Cluster:
                 e.clock.resume()
                 stats = e.advance()
                 e.clock.pause()
-                if stats is None and e.sending and e.waiting and not e.running:
+                if stats is None and (e.sending or e.receiving) and e.waiting and not e.running:
                     self.stalled.add(first)
                 upcoming[first] = self._next_time(first)
                 if moves is not None:

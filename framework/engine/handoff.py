@@ -85,9 +85,10 @@ class HandOffs:
         self.link = link
         self.kv = kv
         self.layerwise = layerwise
-        # At their prefill replica, in hand-off order: (replica, hand-off, whether a decode
-        # replica was asked already); new ones are asked at once.
-        self.waiting: deque[tuple[int, HandOff, bool]] = deque()
+        # At their prefill replica, in hand-off order: (replica, hand-off, the `place` call
+        # it came before: a later one means it waited).
+        self.waiting: deque[tuple[int, HandOff, int]] = deque()
+        self._placing = 0
         self.decode_of: dict[str, int] = {}
         self.records: list[TransferRecord] = []
 
@@ -97,22 +98,23 @@ class HandOffs:
         for h in self.engines[src].take_handed_off():
             if h.seq.status is not Status.SENDING or h.seq.id in self.decode_of:
                 raise InvariantError(f"{h.seq.id} handed off twice, or not after its prefill")
-            self.waiting.append((src, h, False))
+            self.waiting.append((src, h, self._placing))
 
     def place(self, now: float) -> list[int]:
         """Reserve and send from the head of the queue until a decode replica declines;
         `now` is the time of the event that may have freed blocks (the end of a step). A
-        hand-off placed on its first try starts at its own time; one declined before, when
-        the blocks were found. Returns the replicas given a reservation."""
+        hand-off placed at the event that handed it off starts at its own time; one that
+        waited, when the blocks were found. Returns the replicas given a reservation."""
         placed: list[int] = []
+        fresh = self._placing
+        self._placing += 1
         while self.waiting:
-            src, h, asked = self.waiting[0]
-            start = max(now, h.at) if asked else h.at
+            src, h, since = self.waiting[0]
+            start = h.at if since == fresh else max(now, h.at)
             view = ClusterView(now=start, replicas=self.views)
             dst = self.decoders[self._choose(view, h.seq)]
             copy = self.engines[dst].reserve(h.seq)
             if copy is None:  # it waits at its prefill replica, its blocks held there
-                self.waiting[0] = (src, h, True)
                 break
             self.waiting.popleft()
             self.decode_of[h.seq.id] = dst
