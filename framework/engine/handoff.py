@@ -189,7 +189,8 @@ class HandOffs:
         )
 
     def check_end(self, requests: int) -> None:
-        """Every hand-off transferred, every reservation filled, the books of each side."""
+        """Every hand-off transferred, every reservation filled, the books of each side,
+        and the tokens each side kept adding up to what the requests hold."""
         if self.pending:
             raise InvariantError("hand-offs or transfers left at the end of the run")
         if len(self.records) != len(self.decode_of) or len(self.records) > requests:
@@ -203,3 +204,12 @@ class HandOffs:
         for r in self.records:
             if self.decode_of.get(r.id) != r.dst:
                 raise InvariantError(f"{r.id} was sent to replica {r.dst}, reserved elsewhere")
+        final: dict[str, Sequence] = {}
+        for e in self.engines:
+            for s in e.seqs:
+                if s.carried or s.id not in final:
+                    final[s.id] = s
+        held = sum(len(s.output_token_ids) for s in final.values())
+        kept = sum(e.counters.tokens_kept for e in self.engines)
+        if held != kept:
+            raise InvariantError(f"the replicas kept {kept} tokens; the requests hold {held}")
