@@ -65,9 +65,10 @@ RATE_KINDS = {
     "trace": "arrival=poisson or gamma",
 }
 COLUMNS = (
-    "probe", "rate_rps", "attainment", "met", "requests", "requests_finished",
-    "requests_rejected", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s",
-    "tpot_p99_s", "throughput_rps", "served_ratio", "output_tokens_per_s", "makespan_s",
+    "probe", "rate_rps", "attainment", "met", "ttft_met", "tpot_met", "requests",
+    "requests_finished", "requests_rejected", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+    "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "throughput_rps", "served_ratio",
+    "output_tokens_per_s", "makespan_s",
 )  # fmt: skip
 # Below this share of the offered rate served (finished requests / makespan over the rate),
 # the run at the goodput may not have kept up: requests that piled up and were served after
@@ -204,6 +205,7 @@ class Prober:
     runs_dir: Path
     loaded: tuple[Any, ...] | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # each probe's metrics.json
     profile: dict[str, Any] = field(default_factory=dict)
     say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)
 
@@ -223,7 +225,9 @@ class Prober:
             info = run_with_observers(cfg, self.runs_dir / f"{n:02d}_rate_{rate:.6g}", self.loaded)
         assert info.result is not None  # serve returns only a finished run
         s = info.summary
-        share = attainment(info.result.seqs, *self.slo)
+        seqs = info.result.seqs
+        share = attainment(seqs, *self.slo)
+        ttft_s, tpot_s = self.slo
         makespan = s["makespan_s"]
         throughput = s["requests_finished"] / makespan if makespan else 0.0
         self.rows.append(
@@ -232,11 +236,14 @@ class Prober:
                 "rate_rps": rate,
                 "attainment": share,
                 "met": share >= self.target,
+                "ttft_met": attainment(seqs, ttft_s, math.inf),  # each target alone
+                "tpot_met": attainment(seqs, math.inf, tpot_s),
                 **{k: s[k] for k in COLUMNS if k in s},
                 "throughput_rps": throughput,
                 "served_ratio": throughput / rate,
             }
         )
+        self.summaries.append(s)
         self.profile = self.profile or {k: s[k] for k in PROFILE_KEYS if k in s}
         verdict = "met" if share >= self.target else "missed"
         self.say(f"probe {n}: {rate:.4g} req/s: attainment {share:.3f} ({verdict})")
@@ -428,7 +435,8 @@ def write_report(out: Path, data: dict[str, Any]) -> str:
     about = (
         f"Every time is in {data['seconds']}. Attainment: the share of all {requests} "
         f"requests that finished with TTFT <= {data['ttft_s']:g} s and TPOT <= "
-        f"{data['tpot_s']:g} s (one output token: TTFT alone); the percentiles are over the "
+        f"{data['tpot_s']:g} s (one output token: TTFT alone), and ttft_met / tpot_met the "
+        "share that met each target alone; the percentiles are over the "
         "finished requests; served_ratio: requests finished per second of makespan over the "
         f"offered rate. Search: {data['status']}, tolerance {data['tolerance']:g}; every "
         "probe below, by rate (column `probe`: the order made). Searched on "

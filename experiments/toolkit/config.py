@@ -3,9 +3,12 @@ with the tool's overrides, composed once per distinct override list."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from experiments.toolkit.paths import CONF
@@ -29,8 +32,23 @@ def compose_cfg(overrides: list[str]) -> DictConfig:
 def _composed(overrides: tuple[str, ...]) -> DictConfig:
     """Composed once per distinct override list (Hydra takes a good part of a second)."""
     register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+    with _apart_from_running_app(), initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         return compose(config_name="config", overrides=list(overrides))
+
+
+@contextlib.contextmanager
+def _apart_from_running_app() -> Iterator[None]:
+    """Inside a Hydra app (a sweep's callback composing its jobs' configs again), Hydra's
+    global state is the app's: set aside while composing, then given back."""
+    state = GlobalHydra.instance()
+    app = state.hydra if state.is_initialized() else None
+    state.clear()
+    try:
+        yield
+    finally:
+        state.clear()
+        if app is not None:
+            state.initialize(app)
 
 
 def combo_overrides(overrides: list[str], combo: Combo) -> list[str]:

@@ -57,6 +57,8 @@ def write_results(
             row["decode_replica"] = decode_of.get(row["id"], "")
             row["kv_wait_s"] = "" if t is None else t.wait_s
             row["kv_transfer_s"] = "" if t is None else t.seconds
+            row["kv_start_s"] = "" if t is None else t.start  # on the run's time axis
+            row["kv_done_s"] = "" if t is None else t.done_at
     _write_csv(out / "requests.csv", rows)
     gz, other = (".gz", "") if compressed(cfg, result) else ("", ".gz")
     for name in ("steps.csv", "outputs.jsonl"):  # the other form, from a rerun into the folder

@@ -54,7 +54,10 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # (numpy per request: a whole day's trace has four million gaps.)
     gaps = [np.diff(s.token_times) for s in done if len(s.token_times) > 1]
     itl = np.concatenate(gaps) if gaps else []
-    makespan = max((s.finished_at for s in done if s.finished_at is not None), default=0.0)
+    # When the last request's part here ended: its finish, or for one handed off to a decode
+    # replica (a prefill replica's), its first token.
+    ends = [s.finished_at if s.status is Status.RELEASED else s.first_token_at for s in first]
+    makespan = max((t for t in ends if t is not None), default=0.0)
     # Each phase summed in step order, from the step log's columns (a whole day's trace is
     # a million steps: a Python pass over them as objects took seconds).
     phase_total = {p: _total(steps, f"{p}_s") for p in PHASES}
@@ -119,6 +122,9 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "e2e_p90_s": _pct(e2e, 90),
         "e2e_p99_s": _pct(e2e, 99),
         "step_mean_s": step_total / n_steps if n_steps else 0.0,
+        # The device's seconds: the forward and the sampling (on a simulated GPU beside the
+        # host, what it is busy with; on a real run, their host time).
+        "busy_s": phase_total["forward"] + phase_total["sample"],
     }
     for p in PHASES:  # (with the device beside the host, forward's share is its busy share)
         summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
@@ -158,7 +164,7 @@ REPLICA_KEYS = (
     "requests", "requests_finished", "requests_rejected", "steps", "tokens_kept",
     "prefill_tokens", "prefix_hit_rate", "preemptions", "peak_blocks", "num_blocks",
     "makespan_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-    "e2e_p50_s",
+    "e2e_p50_s", "busy_s",
 )  # fmt: skip
 
 
@@ -186,6 +192,11 @@ def cluster_summary(replicas: list[RunResult], roles: list[str] | None = None) -
             | {"served_tokens": served_tokens(r)}
             | {k: s[k] for k in REPLICA_KEYS}
         )
+    # Each replica's utilisation: its busy seconds over the cluster's makespan (the last
+    # request's end on any replica), so replicas idle at the end count as idle.
+    makespan = max(row["makespan_s"] for row in rows)
+    for row in rows:
+        row["utilisation"] = row["busy_s"] / makespan if makespan > 0 else 0.0
     served = [row["served_tokens"] for row in rows]
     mean = sum(served) / len(served)
     return {
