@@ -29,6 +29,7 @@ from framework.engine.sequence import Status
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize
+from framework.tracking.plots import plot_replica_load, read_step_columns, transfers_in_flight
 from tests.helpers import assert_refused, cli, make_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -392,6 +393,27 @@ def test_a_disaggregated_run_from_the_command_line(
     assert {r["replica"] for r in rows} == {"0"}
     assert sorted(r["decode_replica"] for r in rows) == ["1"] * 4 + ["2"] * 4
     assert all(float(r["kv_transfer_s"]) > 0 for r in rows)
+    for r in rows:  # the transfer on the run's time axis: after the first token, before the end
+        start, done = float(r["kv_start_s"]), float(r["kv_done_s"])
+        assert float(r["first_token_s"]) <= start < done <= float(r["finished_s"])
+        assert done - start == pytest.approx(float(r["kv_transfer_s"]))
+    # A prefill replica's part ends at its last hand-off; each replica's busy share is one.
+    prefill = metrics["replicas"][0]
+    assert prefill["makespan_s"] == pytest.approx(max(float(r["first_token_s"]) for r in rows))
+    assert metrics["makespan_s"] == max(r["makespan_s"] for r in metrics["replicas"])
+    for r in metrics["replicas"]:
+        assert 0 < r["utilisation"] <= 1
+        assert r["utilisation"] == pytest.approx(r["busy_s"] / metrics["makespan_s"])
+    # The transfers each replica sends (replica 0: all 8) or receives, drawn on its timeline.
+    moving = transfers_in_flight(rows)
+    assert sorted(moving) == [0, 1, 2]
+    for _, counts in moving.values():
+        assert counts.min() >= 0 and counts[-1] == 0 and counts.max() >= 1
+    assert plot_replica_load(
+        read_step_columns(tmp_path / "steps.csv", ("time", "rows", "blocks_in_use", "replica")),
+        tmp_path / "replica_load.png",
+        rows,
+    ).stat().st_size > 0
 
 
 @pytest.mark.parametrize(

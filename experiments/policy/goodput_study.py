@@ -30,6 +30,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.policy.sweep_runs import DifferentWork, check_same_work, load_sweep
 from experiments.sim.goodput import BASE, Prober, check_config, compose_config, find_goodput
 from experiments.toolkit import cli
 from framework.run.errors import UserError
@@ -223,10 +224,14 @@ def write_report(
 
 
 def study(name: str, title: str, sweep_dir: Path, params: dict[str, Any]) -> Path:
+    """Check that the jobs of each workload did the same work (the same tokens for every
+    request, whatever the layout: `DifferentWork` otherwise), search each job, write the
+    table."""
     s = settings(params)
     searches = job_searches(sweep_dir, s)
     if not searches:
         raise FileNotFoundError(f"{sweep_dir}: no job folders")
+    check_same_work(load_sweep(sweep_dir), lambda run: OmegaConf.to_yaml(run.config.workload))
     began = time.perf_counter()
     rows = search_all(searches, s, sweep_dir / f"{name}_probes")
     return write_report(name, title, rows, s, sweep_dir, time.perf_counter() - began)
@@ -248,7 +253,7 @@ class GoodputStudy(Callback):
         params = OmegaConf.to_container(OmegaConf.create(self.params), resolve=True)
         try:
             md = study(self.name, self.title, sweep_dir, params)  # type: ignore[arg-type]
-        except (UserError, FileNotFoundError) as exc:
+        except (UserError, FileNotFoundError, DifferentWork) as exc:
             (sweep_dir / f"{self.name}.refused.txt").write_text(f"{exc}\n")
             raise SystemExit(f"study {self.name}: {exc}") from exc
         print(md.read_text(), flush=True)

@@ -1,0 +1,99 @@
+"""The disaggregation study (`+experiment=disaggregation`): a sweep whose every job is searched
+for its goodput under its workload's SLO, and the table's columns read from the run at it."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.policy.goodput_study import gives_way, pool_utilisation, settings
+from framework.run.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
+    """Two layouts of the 4 GPUs on 200 chat-like requests: a table row each, with its
+    goodput, the pools it has and, disaggregated, its transfers; each search's probes
+    kept apart in the sweep folder."""
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [
+            sys.executable, "run.py", "-m", "+experiment=disaggregation",
+            "workload=azure_conv_poisson", "workload.limit=200", "+layout=colocated,p1d3_ethernet",
+            "hydra.callbacks.study.max_probes=5", "workload.rate=32",
+            "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
+        ],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "study disaggregation:" in done.stdout
+    with (sweep / "disaggregation.csv").open() as f:
+        rows = {r["layout"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"colocated", "p1d3_ethernet"}
+    for row in rows.values():
+        assert row["workload"] == "azure_conv_poisson" and row["gpus"] == "4"
+        assert float(row["goodput_rps"]) >= 32 * 2 ** (-4)  # the search's lowest probe met
+        assert float(row["goodput_per_gpu_rps"]) == pytest.approx(float(row["goodput_rps"]) / 4)
+        assert 1 <= int(row["probes"]) <= 5
+    colocated, split = rows["colocated"], rows["p1d3_ethernet"]
+    assert 0 < float(colocated["mixed_util"]) <= 1
+    assert colocated["prefill_util"] == colocated["kv_transfer_s_p99"] == ""
+    assert 0 < float(split["prefill_util"]) <= 1 and 0 < float(split["decode_util"]) <= 1
+    assert split["mixed_util"] == "" and float(split["kv_transfer_s_p99"]) > 0
+    assert (sweep / "disaggregation.md").is_file() and (sweep / "disaggregation.png").is_file()
+
+
+def test_a_workload_without_an_slo_is_refused_by_name(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [
+            sys.executable, "run.py", "-m", "+experiment=disaggregation", "workload=arxiv_poisson",
+            "workload.limit=20", "+layout=colocated", "~hydra.callbacks.study.slo.arxiv_poisson",
+            "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
+        ],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "no SLO for workload=arxiv_poisson" in done.stderr
+    assert "hydra.callbacks.study.slo.arxiv_poisson=[TTFT_S,TPOT_S]" in done.stderr
+    assert (sweep / "disaggregation.refused.txt").is_file()
+
+
+def test_which_target_gives_way_first() -> None:
+    assert gives_way(None, 0.9) == "-"
+    assert gives_way({"ttft_met": 0.5, "tpot_met": 1.0}, 0.9) == "ttft"
+    assert gives_way({"ttft_met": 0.95, "tpot_met": 0.2}, 0.9) == "tpot"
+    assert gives_way({"ttft_met": 0.1, "tpot_met": 0.2}, 0.9) == "both"
+    # Each met alone, not both together on the same requests.
+    assert gives_way({"ttft_met": 0.92, "tpot_met": 0.93}, 0.9) == "both together"
+
+
+def test_a_pools_utilisation_is_its_replicas_mean() -> None:
+    summary = {
+        "replicas": [
+            {"role": "prefill", "utilisation": 0.5},
+            {"role": "decode", "utilisation": 0.2},
+            {"role": "decode", "utilisation": 0.4},
+        ]
+    }
+    got = pool_utilisation(summary)
+    assert got["prefill_util"] == 0.5 and got["decode_util"] == pytest.approx(0.3)
+    assert got["mixed_util"] is None
+    assert pool_utilisation({"replicas": [{"utilisation": 0.7}]})["mixed_util"] == 0.7
+
+
+def test_an_slo_must_be_two_positive_seconds() -> None:
+    with pytest.raises(UserError, match="slo.chat: ttft_s and tpot_s must be > 0"):
+        settings({"slo": {"chat": [0.25, 0]}})
+    assert settings({"slo": {"chat": [0.25, 0.05]}, "workers": 1}).slo == {"chat": (0.25, 0.05)}
