@@ -19,10 +19,14 @@ run again: `python -m experiments.goodput_study NAME multirun/NAME/DATE`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import multiprocessing
 import os
+import sys
+import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,15 +119,13 @@ def job_searches(sweep_dir: Path, s: Settings) -> list[Search]:
     return searches
 
 
-def run_search(search: Search, s: Settings, runs_dir: Path) -> dict[str, Any]:
-    """One job's goodput and the figures of the run at it (a worker process's task)."""
-    import contextlib
-    import io
-
+def run_search(search: Search, s: Settings) -> dict[str, Any]:
+    """One job's goodput and the figures of the run at it (a worker process's task). The
+    probes' run folders go to a temporary folder: the table keeps what they measured."""
     slo = (search.ttft_s, search.tpot_s)
-    prober = Prober([*BASE, *search.overrides], slo, s.attainment, runs_dir / search.job)
-    prober.say = lambda text: None
-    with contextlib.redirect_stdout(io.StringIO()):
+    with tempfile.TemporaryDirectory() as runs, contextlib.redirect_stdout(io.StringIO()):
+        prober = Prober([*BASE, *search.overrides], slo, s.attainment, Path(runs))
+        prober.say = lambda text: None
         result = find_goodput(
             prober,
             search.low,
@@ -175,16 +177,35 @@ def pool_utilisation(summary: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def search_all(searches: list[Search], s: Settings, runs_dir: Path) -> list[dict[str, Any]]:
+def search_all(searches: list[Search], s: Settings) -> list[dict[str, Any]]:
     """Every job's search, on `workers` forked processes (the rows in job order)."""
     workers = s.workers or os.cpu_count() or 1
     workers = max(1, min(workers, len(searches)))
+    print(
+        f"searching {len(searches)} jobs for their goodput, {workers} at a time",
+        file=sys.stderr,
+        flush=True,
+    )
     if workers == 1:
-        return [run_search(x, s, runs_dir) for x in searches]
+        return [announce(x, run_search(x, s)) for x in searches]
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(run_search, x, s, runs_dir) for x in searches]
+        futures = {pool.submit(run_search, x, s): x for x in searches}
+        for done in as_completed(futures):
+            announce(futures[done], done.result())
         return [f.result() for f in futures]
+
+
+def announce(search: Search, row: dict[str, Any]) -> dict[str, Any]:
+    """A line on stderr as each search ends (a whole study takes minutes); the row back."""
+    goodput = "none" if row["goodput_rps"] is None else f"{row['goodput_rps']:.4g} req/s"
+    print(
+        f"job {search.job} ({search.workload}, {search.layout}): goodput {goodput} "
+        f"({row['search']}, {row['probes']} probes)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
 
 
 def write_report(
@@ -233,7 +254,7 @@ def study(name: str, title: str, sweep_dir: Path, params: dict[str, Any]) -> Pat
         raise FileNotFoundError(f"{sweep_dir}: no job folders")
     check_same_work(load_sweep(sweep_dir), lambda run: OmegaConf.to_yaml(run.config.workload))
     began = time.perf_counter()
-    rows = search_all(searches, s, sweep_dir / f"{name}_probes")
+    rows = search_all(searches, s)
     return write_report(name, title, rows, s, sweep_dir, time.perf_counter() - began)
 
 
