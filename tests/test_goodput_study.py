@@ -21,13 +21,14 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
     goodput, the pools it has and, disaggregated, its transfers; each search's probes
     kept apart in the sweep folder."""
     sweep = tmp_path / "sweep"
+    args = [
+        sys.executable, "run.py", "-m", "+experiment=disaggregation",
+        "workload=azure_conv_poisson", "workload.limit=200", "layout=colocated,p1d3_ethernet",
+        "hydra.callbacks.study.max_probes=5", "workload.rate=32",
+        "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
+    ]  # fmt: skip
     done = subprocess.run(
-        [
-            sys.executable, "run.py", "-m", "+experiment=disaggregation",
-            "workload=azure_conv_poisson", "workload.limit=200", "+layout=colocated,p1d3_ethernet",
-            "hydra.callbacks.study.max_probes=5", "workload.rate=32",
-            "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
-        ],  # fmt: skip
+        args,
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -53,12 +54,13 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
 
 def test_a_workload_without_an_slo_is_refused_by_name(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
+    args = [
+        sys.executable, "run.py", "-m", "+experiment=disaggregation", "workload=arxiv_poisson",
+        "workload.limit=20", "layout=colocated", "~hydra.callbacks.study.slo.arxiv_poisson",
+        "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
+    ]  # fmt: skip
     done = subprocess.run(
-        [
-            sys.executable, "run.py", "-m", "+experiment=disaggregation", "workload=arxiv_poisson",
-            "workload.limit=20", "+layout=colocated", "~hydra.callbacks.study.slo.arxiv_poisson",
-            "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
-        ],  # fmt: skip
+        args,
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -94,6 +96,6 @@ def test_a_pools_utilisation_is_its_replicas_mean() -> None:
 
 
 def test_an_slo_must_be_two_positive_seconds() -> None:
-    with pytest.raises(UserError, match="slo.chat: ttft_s and tpot_s must be > 0"):
+    with pytest.raises(UserError, match=r"slo\.chat: ttft_s and tpot_s must be > 0"):
         settings({"slo": {"chat": [0.25, 0]}})
     assert settings({"slo": {"chat": [0.25, 0.05]}, "workers": 1}).slo == {"chat": (0.25, 0.05)}
