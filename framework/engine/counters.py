@@ -93,3 +93,7 @@ class Counters:
     prefix_hit_tokens: int = 0
     prefix_recompute_hit_tokens: int = 0
     prefix_evictions: int = 0  # the model: (k + 1) / 2 rows per stop-finished request
+    # Requests ended from outside the engine (`Engine.abort`): their client went away
+    # (`aborted`), or the server found one of their stop strings in their text.
+    aborted: int = 0
+    stop_strings: int = 0

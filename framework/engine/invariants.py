@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from framework.engine.block_pool import BlockPool, BlockPoolError
 from framework.engine.counters import Counters
-from framework.engine.sequence import Sequence, Status
+from framework.engine.sequence import ENDED_OUTSIDE, Sequence, Status
 
 if TYPE_CHECKING:
     from framework.engine.batch import StepBatch
@@ -145,6 +145,10 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
             n > s.sampling.max_tokens or s.output_token_ids[-1] not in stops
         ):
             raise InvariantError(f"{s.id} finished by stop without a stop token last")
+        if s.finish_reason in ENDED_OUTSIDE:
+            if n > s.sampling.max_tokens or s.block_table:
+                raise InvariantError(f"{s.id} ended from outside with {n} tokens or blocks held")
+            continue
         if s.sampling.ignore_eos and not s.sampling.stop_token_ids and n != s.sampling.max_tokens:
             raise InvariantError(
                 f"{s.id} ignores EOS but got {n} of {s.sampling.max_tokens} tokens"

@@ -26,6 +26,14 @@ class Status(enum.Enum):
     # replica's copy of the request serves the rest)
 
 
+# Finish reasons of a request ended from outside the engine (`Engine.abort`), before its stop
+# token or its length: its client went away, or a stop string was found in its text. Neither
+# is a stop or length finish, so the end-of-run checks of those do not apply to it.
+ABORTED = "abort"
+STOP_STRING = "stop_string"
+ENDED_OUTSIDE = (ABORTED, STOP_STRING)
+
+
 @dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
 class Sequence:
     spec: RequestSpec

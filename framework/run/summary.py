@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from framework.engine.counters import PHASES, StepStats, step_value
-from framework.engine.sequence import Sequence, Status
+from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.step_log import StepLog
 
 if TYPE_CHECKING:
@@ -35,11 +35,17 @@ def summarize(result: RunResult) -> dict[str, Any]:
     """The flat summary written to metrics.json (None where a value is undefined)."""
     seqs, steps, counters = result.seqs, result.steps, result.counters
     max_num_seqs = result.max_num_seqs
-    done = [s for s in seqs if s.status == Status.RELEASED]
+    # A request whose client went away (`Engine.abort`) is released unfinished: its times
+    # are no request's latency, and it is counted apart (`aborted`).
+    done = [s for s in seqs if s.status == Status.RELEASED and s.finish_reason != ABORTED]
     n_steps = len(steps)
     # A prefill replica's requests handed off to a decode replica had their first token
     # here: their TTFT is this replica's doing.
-    first = [s for s in seqs if s.status in (Status.RELEASED, Status.TRANSFERRED)]
+    first = [
+        s
+        for s in seqs
+        if s.status in (Status.RELEASED, Status.TRANSFERRED) and s.finish_reason != ABORTED
+    ]
     ttft = [s.first_token_at - s.arrival for s in first if s.first_token_at is not None]
     e2e = [s.finished_at - s.arrival for s in done if s.finished_at is not None]
     tpot = [
@@ -75,6 +81,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "requests": len(seqs),
         "requests_finished": len(done),
         "requests_rejected": sum(1 for s in seqs if s.status == Status.REJECTED),
+        "aborted": counters.aborted,  # their client went away (a server's)
+        "stop_strings": counters.stop_strings,  # ended at a stop string in their text
         "steps": n_steps,
         "token_slots": slots,
         "tokens_kept": counters.tokens_kept,
@@ -210,6 +218,8 @@ COUNT_KEYS = (
     "requests",
     "requests_finished",
     "requests_rejected",
+    "aborted",
+    "stop_strings",
     "steps",
     "token_slots",
     "tokens_kept",
