@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,10 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line `argv` (default: `sys.argv[1:]`) and return the exit status."""
+def main(argv: Sequence[str] | None = None, job: Callable[..., Any] | None = None) -> int:
+    """Run the command line `argv` (default: `sys.argv[1:]`) and return the exit status.
+    `job` runs the composed config (default: a batch run, `framework.run.app.serve`;
+    `serve.py` passes the HTTP server's)."""
     args = list(sys.argv[1:] if argv is None else argv)
     reg = registry()
     for error in reg.load_errors:
@@ -51,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_flags(args)
         check_command_line(args, reg)
         try:
-            run_hydra(args)
+            run_hydra(args, job)
         finally:  # a sweep that stopped early: its table and parent run, before the error
             finish_early()
     except (UserError, Refused) as error:
@@ -83,7 +85,7 @@ def check_flags(args: list[str]) -> None:
     parser.parse_args(args)
 
 
-def run_hydra(args: list[str]) -> None:
+def run_hydra(args: list[str], runner: Callable[..., Any] | None = None) -> None:
     """Compose the config from `conf/` and `args` and run the job (or sweep) through Hydra."""
     # Imported only now: these pull in torch and transformers (seconds).
     import hydra
@@ -95,13 +97,13 @@ def run_hydra(args: list[str]) -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
     def job(cfg: DictConfig) -> None:
-        run_job(cfg)
+        run_job(cfg, runner)
 
     with hydra_lets_exceptions_through(), command_line(args):
         job()
 
 
-def run_job(cfg: Any) -> None:
+def run_job(cfg: Any, runner: Callable[..., Any] | None = None) -> None:
     """One job: its observers attached, served into Hydra's output folder."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -109,7 +111,7 @@ def run_job(cfg: Any) -> None:
 
     hc = HydraConfig.get()
     try:
-        run_with_observers(cfg, hc.runtime.output_dir)
+        run_with_observers(cfg, hc.runtime.output_dir, runner=runner)
     except UserError as error:
         if hc.mode is not None and hc.mode.name == "MULTIRUN":
             raise Refused(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {error}") from error

@@ -71,6 +71,10 @@ class ExecutorConfig:
     # joined by `interconnect` (dgx: NVSwitch inside an 8-GPU node; nvlink_pair)
     tensor_parallel: int = 1
     interconnect: str = "dgx"
+    # simulated, under `python serve.py`: `wall` waits out each step's predicted seconds on
+    # the wall clock, so the API answers with the profile's timing; `none` answers as fast
+    # as this machine simulates. A batch run (`run.py`) is not paced.
+    pace: str = "none"
 
 
 @dataclass
@@ -140,6 +144,26 @@ class ClusterConfig:
 
 
 @dataclass
+class ServerConfig:
+    """`python serve.py`: the OpenAI-compatible HTTP server (framework/serve, docs/server.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free port, printed at start
+    # Requests queued beyond the running rows at most; past it a request is answered 429.
+    # null: no bound.
+    max_waiting: int | None = 256
+    # The name /v1/models lists and requests may give as `model`; null: the model's own
+    # (the folder's name, smollm2, tiny).
+    model_name: str | None = None
+    # Seconds in-flight requests get to finish after SIGINT / SIGTERM; the rest are aborted.
+    shutdown_timeout_s: float = 10.0
+    # The server stops by itself (as on SIGINT) after this many seconds or requests; null:
+    # runs until stopped. For tests and bounded benchmarks.
+    stop_after_s: float | None = None
+    stop_after_requests: int | None = None
+
+
+@dataclass
 class RunConfig:
     scheduler: Any = MISSING
     allocator: Any = MISSING
@@ -159,6 +183,7 @@ class RunConfig:
     observers: list[str] = field(default_factory=lambda: ["console"])
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     results: ResultsConfig = field(default_factory=ResultsConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     print_outputs: bool = True
     # Answers printed at most (the first ones; the rest are in outputs.jsonl): a whole
     # trace's 19,366 answers took the console longer than the simulated run. None: all.
@@ -209,6 +234,7 @@ _SCHEMAS: tuple[tuple[str, type], ...] = (
     ("cluster", ClusterConfig),
     ("results", ResultsConfig),
     ("mlflow", MlflowConfig),
+    ("server", ServerConfig),
 )
 
 
@@ -297,6 +323,11 @@ def check_executor(x: Any) -> None:
             f"executor.compute_speed must be > 0, or null for executor.speed; got {x.compute_speed}"
         )
     overlap = overlap_setting(x.overlap)
+    if x.pace not in ("none", "wall"):
+        raise ValueError(
+            f"executor.pace must be none or wall (executor=simulated under serve.py); "
+            f"got {x.pace!r}"
+        )
     if x.tensor_parallel not in (1, 2, 4, 8):
         raise ValueError(
             f"executor.tensor_parallel must be 1, 2, 4 or 8; got {x.tensor_parallel!r}"
@@ -319,6 +350,11 @@ def check_executor(x: Any) -> None:
         if x.speed != 1:
             raise ValueError(
                 "executor.speed applies to executor=simulated (this run uses the model)"
+            )
+        if x.pace != "none":
+            raise ValueError(
+                "executor.pace=wall applies to executor=simulated (the model's steps take "
+                "their own time)"
             )
 
 
@@ -423,4 +459,22 @@ def check_fits(
         raise ValueError(
             f"no request of this workload can ever run here: prompt + max_tokens is {small} "
             f"tokens for the smallest and {large} for the largest, and " + "; and ".join(limits)
+        )
+
+
+def check_server(s: Any) -> None:
+    """The `server.*` settings, named, before the model loads."""
+    if not 0 <= s.port <= 65535:
+        raise ValueError(f"server.port must be 0 (a free port) to 65535; got {s.port}")
+    if s.max_waiting is not None and s.max_waiting < 0:
+        raise ValueError(
+            f"server.max_waiting must be >= 0, or null (no bound); got {s.max_waiting}"
+        )
+    if s.shutdown_timeout_s < 0:
+        raise ValueError(f"server.shutdown_timeout_s must be >= 0; got {s.shutdown_timeout_s}")
+    if s.stop_after_s is not None and not s.stop_after_s > 0:
+        raise ValueError(f"server.stop_after_s must be > 0, or null; got {s.stop_after_s}")
+    if s.stop_after_requests is not None and s.stop_after_requests < 1:
+        raise ValueError(
+            f"server.stop_after_requests must be >= 1, or null; got {s.stop_after_requests}"
         )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,13 @@ from framework.run.errors import UserError
 
 
 def run_with_observers(
-    cfg: DictConfig, output_dir: str | Path, loaded: tuple[Any, ...] | None = None
+    cfg: DictConfig,
+    output_dir: str | Path,
+    loaded: tuple[Any, ...] | None = None,
+    runner: Callable[..., RunInfo] | None = None,
 ) -> RunInfo:
+    """`runner` (default `serve`, a batch run) with `(cfg, output_dir, hooks, loaded)`; the
+    HTTP server (`framework.serve.server.serve_http`) is run the same way."""
     reg = registry()
     attached: list[Any] = []
     try:  # an observer that fails to start detaches the ones started before it
@@ -29,7 +35,7 @@ def run_with_observers(
             obs = factory(cfg)
             reg.pm.register(obs, name=f"observer:{name}")
             attached.append(obs)
-        return serve(cfg, Path(output_dir), reg.pm.hook, loaded)
+        return (runner or serve)(cfg, Path(output_dir), reg.pm.hook, loaded)
     finally:
         for obs in attached:
             reg.pm.unregister(obs)

@@ -1,0 +1,268 @@
+"""The HTTP routes: OpenAI's `/v1/models`, `/v1/completions`, `/v1/chat/completions`, and
+`/health`, `/metrics`. A handler turns its body into a request, hands it to the engine loop,
+and answers from the events the loop sends back: all at once, or as server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from framework.engine.sequence import STOP_STRING
+from framework.serve import errors
+from framework.serve.engine_loop import EngineLoop, Event, Stream
+from framework.serve.errors import ApiError
+from framework.serve.metrics import CONTENT_TYPE, ServerMetrics
+from framework.serve.prompts import Prompts
+from framework.serve.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    chunk_body,
+    completion_body,
+    usage,
+)
+from framework.serve.text import TextStream
+
+# The engine's finish reasons as OpenAI's: a stop string is a stop; an abort (the server
+# shutting down under a request) keeps its own name.
+FINISH = {"stop": "stop", "length": "length", STOP_STRING: "stop", "abort": "abort"}
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    prompts: Prompts
+    tokenizer: Any
+    model_name: str
+    max_waiting: int | None
+    metrics: ServerMetrics
+    describe: dict[str, Any]  # what serves: executor, cost model, profile, policies
+    max_model_len: int
+    on_request_done: Callable[[], None] = lambda: None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="nanoserve", docs_url=None, redoc_url=None, openapi_url=None)
+    errors.install(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.loop.error is not None or not state.loop.thread.is_alive():
+            return errors.error_response(ApiError(503, "the engine loop has stopped"))
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "nanoserve",
+                    "root": state.model_name,
+                    "parent": None,
+                    "max_model_len": state.max_model_len,
+                    "nanoserve": state.describe,
+                }
+            ],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await generate(state, body, state.prompts.completion(body), False, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        return await generate(state, body, state.prompts.chat(body), True, request)
+
+    return app
+
+
+async def generate(
+    state: ServerState, body: SamplingFields, ids: list[int], chat: bool, request: Request
+) -> Response:
+    if body.model is not None and body.model != state.model_name:
+        raise ApiError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {state.model_name!r}",
+            "model",
+            "model_not_found",
+        )
+    spec = state.prompts.spec(body, ids, "chat" if chat else "completion")
+    loop = state.loop
+    if state.max_waiting is not None and loop.waiting() >= state.max_waiting:
+        raise ApiError(
+            429,
+            f"{loop.waiting()} requests are waiting, the bound (server.max_waiting) is "
+            f"{state.max_waiting}: try again later",
+        )
+    stream = Stream(spec, asyncio.get_running_loop(), loop.elapsed())
+    loop.submit(stream)
+    first = await stream.events.get()
+    if first.rejected is not None:
+        if loop.closing:
+            raise ApiError(503, "the server is shutting down")
+        raise ApiError(
+            400, f"this request can never be served here: {first.rejected}", "max_tokens"
+        )
+    if first.error is not None:
+        raise ApiError(500, first.error)
+    answer = Answer(state, stream, body, chat)
+    if body.stream:
+        return StreamingResponse(
+            answer.events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await answer.whole(request)
+
+
+class Answer:
+    """One request's answer from its stream of events."""
+
+    def __init__(self, state: ServerState, stream: Stream, body: SamplingFields, chat: bool):
+        self.state = state
+        self.stream = stream
+        self.body = body
+        self.chat = chat
+        self.text = TextStream(state.tokenizer, body.stops())
+        self.received = 0  # tokens the engine released to this request
+        self.prompt_tokens = len(stream.spec.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.text.tokens if self.text.stopped else self.received
+
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+    def take(self, event: Event) -> tuple[str, str | None]:
+        """An event's new text, and the answer's finish reason once it has one."""
+        if event.error is not None:
+            raise RuntimeError(event.error)
+        self.received += len(event.tokens)
+        piece = self.text.add(event.tokens)
+        if self.text.stopped:
+            if event.finish is None:  # the engine goes on until told: it is told now
+                self.state.loop.abort(self.stream, STOP_STRING)
+            return piece, "stop"
+        if event.finish is not None:
+            return piece + self.text.finish(), FINISH.get(event.finish, event.finish)
+        return piece, None
+
+    async def whole(self, request: Request) -> Response:
+        """Wait for the whole answer, or abort it if the client goes away first."""
+        collect = asyncio.ensure_future(self._collect())
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not collect.done():
+            collect.cancel()
+            self.state.loop.abort(self.stream)
+            self.state.on_request_done()
+            return Response(status_code=499)
+        self.state.on_request_done()
+        try:
+            text, finish = collect.result()
+        except RuntimeError as error:
+            return errors.error_response(ApiError(500, str(error)))
+        s = self.stream.spec
+        return JSONResponse(
+            completion_body(s.id, self.state.model_name, text, finish, self.usage(), self.chat)
+        )
+
+    async def _collect(self) -> tuple[str, str]:
+        parts = []
+        while True:
+            piece, finish = self.take(await self.stream.events.get())
+            parts.append(piece)
+            if finish is not None:
+                return "".join(parts), finish
+
+    async def events(self) -> AsyncIterator[str]:
+        """The answer as server-sent events, `data: [DONE]` last. A client that goes away
+        mid-stream cancels this generator: its request is aborted."""
+        s = self.stream.spec
+        model, chat = self.state.model_name, self.chat
+        opts = self.body.stream_options
+        include_usage = opts is not None and opts.include_usage
+        every = opts is not None and opts.continuous_usage_stats
+        created = int(time.time())
+        complete = False
+
+        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+            body = chunk_body(
+                s.id,
+                model,
+                created,
+                chat,
+                text,
+                finish,
+                role,
+                self.usage() if every else None,
+                include_usage,
+            )
+            return sse(body)
+
+        try:
+            if chat:
+                yield chunk("", None, role=True)
+            while True:
+                try:
+                    piece, finish = self.take(await self.stream.events.get())
+                except RuntimeError as error:
+                    yield sse(errors.error_body(500, str(error)))
+                    break
+                if piece or finish is not None:
+                    yield chunk(piece, finish)
+                if finish is not None:
+                    break
+            if include_usage:
+                yield sse(
+                    chunk_body(
+                        s.id,
+                        model,
+                        created,
+                        chat,
+                        None,
+                        None,
+                        use=self.usage(),
+                        with_usage=True,
+                        choices=False,
+                    )
+                )
+            yield "data: [DONE]\n\n"
+            complete = True
+        finally:
+            if not complete:
+                self.state.loop.abort(self.stream)
+            self.state.on_request_done()
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone away (after the body, uvicorn's `receive` waits
+    for the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,235 @@
+"""The engine online: one loop in its own thread owns the engine; HTTP handlers talk to it
+through a queue of commands and get their tokens back on their own event loop.
+
+Each turn the loop takes every command waiting (a request arrives, a client went away),
+runs one step, and hands each live request the tokens the step released: its
+`output_token_ids` beyond what it already sent, so a stream carries exactly what the output
+policy let out (deferred output holds a window of steps on the device, and delays the
+stream by as much). With nothing to do it sleeps on the queue.
+
+Time: a request arrives when the server received it, on the engine's clock. The real
+executor runs on the wall clock. A simulation runs on its virtual clock; with
+`executor.pace=wall` the loop waits after each step until the wall clock (since the
+server's start) reaches the step's virtual end, and when idle the virtual clock jumps to
+the next arrival, so the two timelines coincide and no token is sent before the profile
+says it exists. Unpaced, a simulation answers as fast as it runs here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from framework.engine.loop import Engine, RunResult
+from framework.engine.request import RequestSpec
+from framework.engine.sequence import ABORTED, Sequence, Status
+
+
+@dataclass
+class Event:
+    """What the engine thread tells a handler: accepted or rejected (once, first), then
+    tokens as they are released, the last event with the request's finish reason."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None
+    accepted: bool = False
+    rejected: str | None = None
+    error: str | None = None  # the engine loop stopped on a bug
+
+
+class Stream:
+    """One request's way between its handler (on the HTTP event loop) and the engine."""
+
+    def __init__(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop, received: float):
+        self.spec = spec
+        self.loop = loop
+        self.received = received  # seconds since the server started, on the wall clock
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.seq: Sequence | None = None  # the engine's, once submitted (engine thread only)
+        self.sent = 0  # tokens handed to the handler so far
+
+    def put(self, event: Event) -> None:
+        """From the engine thread: the handler's loop gets it in order."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+STOP = object()
+
+
+class EngineLoop:
+    """The engine in its own thread. `submit` and `abort` may be called from any thread;
+    everything else about the engine happens in the loop's thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        eos_token_id: int | None,
+        pace: bool = False,
+        on_finished: Callable[[Sequence], None] | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.eos_token_id = eos_token_id
+        self.pace = pace
+        self.on_finished = on_finished
+        self.on_failure = on_failure
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.live: dict[Sequence, Stream] = {}
+        self._queued = 0  # submitted, not yet in the engine
+        self._lock = threading.Lock()
+        self._last_arrival = 0.0
+        self.closing = False
+        self.t0 = time.perf_counter()
+        self.result: RunResult | None = None
+        self.error: BaseException | None = None
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="nanoserve-engine", daemon=True)
+
+    # ---- any thread -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+        self.started.wait()
+
+    def elapsed(self) -> float:
+        """Wall seconds since the engine's clock started (a request's receipt)."""
+        return time.perf_counter() - self.t0
+
+    def waiting(self) -> int:
+        """Requests not yet running: queued in the engine, or on their way to it."""
+        e = self.engine
+        return len(e.waiting) + len(e.pending) + self._queued
+
+    def running(self) -> int:
+        return len(self.engine.running)
+
+    def submit(self, stream: Stream) -> None:
+        with self._lock:
+            self._queued += 1
+        self.inbox.put(("submit", stream))
+
+    def abort(self, stream: Stream, reason: str = ABORTED) -> None:
+        self.inbox.put(("abort", stream, reason))
+
+    def stop(self, timeout: float | None = None) -> RunResult | None:
+        """Abort what is still in flight, run the engine empty, check its books; the
+        result (None if the loop failed: `error` says why)."""
+        self.inbox.put(STOP)
+        self.thread.join(timeout)
+        return self.result
+
+    # ---- the loop's thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        e = self.engine
+        try:
+            e.prepare()
+            e.clock.start()
+            self.t0 = time.perf_counter()
+            self.started.set()
+            while True:
+                self._commands(block=not e.has_work)
+                if self.closing and not e.has_work:
+                    break
+                if e.has_work:
+                    e.advance()
+                    if self.pace:
+                        self._pace()
+                    self._publish()
+            self.result = e.finish()
+        except BaseException as error:
+            self.error = error
+            self.started.set()
+            for stream in list(self.live.values()):
+                stream.put(Event(error=f"the engine stopped: {type(error).__name__}: {error}"))
+            self.live.clear()
+            if self.on_failure is not None:
+                self.on_failure(error)
+
+    def _commands(self, block: bool) -> None:
+        """Every command waiting; with `block`, sleep until one comes."""
+        while True:
+            try:
+                item = self.inbox.get(timeout=0.25) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                if block and not self.closing:
+                    continue
+                return
+            block = False
+            if item is STOP:
+                self._close()
+            elif item[0] == "submit":
+                self._submit(item[1])
+            else:
+                self._abort(item[1], item[2])
+
+    def _arrival(self, stream: Stream) -> float:
+        """When the request arrived on the engine's clock: at its receipt, on the wall
+        clock or a paced simulation's (which follows it); on an unpaced simulation's own
+        clock, when the loop took it. Never before an earlier request's."""
+        on_wall = self.engine.clock.name == "wall" or self.pace
+        t = stream.received if on_wall else self.engine.now()
+        self._last_arrival = max(self._last_arrival, t)
+        return self._last_arrival
+
+    def _submit(self, stream: Stream) -> None:
+        with self._lock:
+            self._queued -= 1
+        if self.closing:
+            stream.put(Event(rejected="the server is shutting down"))
+            return
+        spec = dataclasses.replace(stream.spec, arrival=self._arrival(stream))
+        seq = self.engine.submit(spec, self.eos_token_id)
+        if seq.status is Status.REJECTED:
+            stream.put(Event(rejected=seq.reject_reason))
+            return
+        stream.seq = seq
+        self.live[seq] = stream
+        stream.put(Event(accepted=True))
+
+    def _abort(self, stream: Stream, reason: str) -> None:
+        seq = stream.seq
+        if seq is None or seq not in self.live:
+            return  # finished (or never accepted) before the abort came
+        self.engine.abort(seq, reason)
+        if seq.status is Status.RELEASED:  # it ended now; a running one at the next step
+            self._publish()
+
+    def _close(self) -> None:
+        """Stop taking requests; whatever is still in flight is aborted."""
+        self.closing = True
+        for seq in list(self.live):
+            self.engine.abort(seq)
+        self._publish()
+
+    def _pace(self) -> None:
+        """Wait until the wall clock reaches the step's end on the virtual clock; the
+        virtual clock stands still meanwhile (under measured host time it would count the
+        wait as the engine's)."""
+        clock = self.engine.clock
+        clock.pause()
+        wait = clock.now() - self.elapsed()
+        if wait > 0:
+            time.sleep(wait)
+        clock.resume()
+
+    def _publish(self) -> None:
+        """Each live request's released tokens to its handler; the finished ones leave."""
+        done = []
+        for seq, stream in self.live.items():
+            out = seq.output_token_ids
+            n = len(out)
+            finish = seq.finish_reason
+            if n > stream.sent or finish is not None:
+                stream.put(Event(out[stream.sent : n], finish))
+                stream.sent = n
+            if finish is not None:
+                done.append(seq)
+        for seq in done:
+            del self.live[seq]
+            if self.on_finished is not None:
+                self.on_finished(seq)

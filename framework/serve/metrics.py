@@ -1,0 +1,142 @@
+"""`GET /metrics` in the Prometheus text format, one `CollectorRegistry` per server.
+
+Names follow vLLM's where the quantity is the same, with the `nanoserve:` prefix instead of
+`vllm:` (dashboards carry over by that one substitution; docs/server.md has the table).
+Gauges and counters are read from the engine when scraped, so they are the engine's own
+books; the latency histograms are filled as requests finish, on the engine's clock (a
+simulation's virtual seconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from framework.engine.sequence import ABORTED, Sequence
+from framework.serve.engine_loop import EngineLoop
+
+P = "nanoserve:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets for the same histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+class EngineCollector(Collector):
+    """The engine's state and counters at the moment of the scrape."""
+
+    def __init__(self, loop: EngineLoop, model_name: str, info: dict[str, str]) -> None:
+        self.loop = loop
+        self.model_name = model_name
+        self.info = info
+
+    def collect(self) -> Iterator[Any]:
+        e = self.loop.engine
+        c = e.counters
+        labels = ["model_name"]
+        name = [self.model_name]
+
+        def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(P + metric, doc, labels=labels)
+            g.add_metric(name, value)
+            return g
+
+        def counter(metric: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(P + metric, doc, labels=labels)
+            m.add_metric(name, value)
+            return m
+
+        yield gauge("num_requests_running", "Requests in the running batch.", self.loop.running())
+        yield gauge("num_requests_waiting", "Requests waiting to be admitted.", self.loop.waiting())
+        pool = e.pool
+        usage = pool.num_used / pool.num_blocks if pool.num_blocks else 0.0
+        yield gauge("kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (0..1).", usage)
+        yield gauge("kv_cache_blocks_used", "KV-cache blocks in use.", pool.num_used)
+        yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", pool.num_blocks)
+        yield counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            c.prefix_query_tokens,
+        )
+        yield counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", c.prefix_hit_tokens
+        )
+        rate = c.prefix_hit_tokens / c.prefix_query_tokens if c.prefix_query_tokens else 0.0
+        yield gauge("prefix_cache_hit_rate", "Prefix-cache hits / queries so far.", rate)
+        yield counter("num_preemptions", "Requests preempted.", c.preemptions)
+        yield counter("prompt_tokens", "Prefill tokens computed.", c.prefill_tokens)
+        yield counter("generation_tokens", "Output tokens delivered.", c.tokens_kept)
+        yield counter("request_aborted", "Requests aborted: their client went away.", c.aborted)
+        yield counter(
+            "overshoot_tokens", "Tokens sampled past a stop (deferred output).", c.overshoot_tokens
+        )
+        yield counter("engine_steps", "Engine steps run.", len(e.steps))
+        info = InfoMetricFamily(P + "server", "What serves: executor, cost model, profile.")
+        info.add_metric([], self.info)
+        yield info
+
+
+class ServerMetrics:
+    """The registry and the histograms that requests fill as they finish."""
+
+    def __init__(self, loop: EngineLoop, model_name: str, info: dict[str, str]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(loop, model_name, info))
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "Time to first token (arrival to first token).",
+            labels,
+            registry=self.registry,
+            buckets=TTFT_BUCKETS,
+        )
+        self.tpot = Histogram(
+            P + "time_per_output_token_seconds",
+            "Seconds between consecutive output tokens.",
+            labels,
+            registry=self.registry,
+            buckets=TPOT_BUCKETS,
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds",
+            "Arrival to the request's last token.",
+            labels,
+            registry=self.registry,
+            buckets=E2E_BUCKETS,
+        )
+        self.success = Counter(
+            P + "request_success",
+            "Requests finished, by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+
+    def finished(self, seq: Sequence) -> None:
+        """A request finished (from the engine thread): its latencies, unless aborted."""
+        if seq.finish_reason == ABORTED:
+            return
+        m = self.model_name
+        reason = "stop" if seq.finish_reason == "stop_string" else seq.finish_reason
+        self.success.labels(m, reason).inc()
+        if seq.first_token_at is not None:
+            self.ttft.labels(m).observe(seq.first_token_at - seq.arrival)
+        times = seq.token_times
+        tpot = self.tpot.labels(m)
+        for a, b in itertools.pairwise(times):
+            tpot.observe(b - a)
+        if seq.finished_at is not None:
+            self.e2e.labels(m).observe(seq.finished_at - seq.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,106 @@
+"""A request body turned into the engine's `RequestSpec`: the prompt's token ids (a chat's
+through the tokenizer's chat template) and the sampling parameters, or a 400 naming what
+cannot be served."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+from framework.engine.loop import Engine
+from framework.engine.request import RequestSpec, SamplingParams
+from framework.serve.errors import ApiError
+from framework.serve.protocol import ChatRequest, CompletionRequest, SamplingFields
+
+# OpenAI's default for /v1/completions; a chat's default is all the room the prompt leaves.
+COMPLETION_MAX_TOKENS = 16
+
+
+class Prompts:
+    def __init__(self, tokenizer: Any, engine: Engine, seed: int) -> None:
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.vocab = len(tokenizer)
+        # A request without `seed` samples with one drawn here: a server run is reproducible
+        # from its own seed, and a request that gives one is reproducible on its own.
+        self.rng = random.Random(seed)
+
+    @property
+    def room(self) -> int:
+        """The longest prompt + output the engine could ever serve."""
+        e = self.engine
+        room = min(e.limits.max_model_len, e.pool.num_blocks * e.pool.block_size)
+        if not e.chunks:
+            room = min(room, e.limits.max_num_batched_tokens)
+        return room
+
+    def completion(self, body: CompletionRequest) -> list[int]:
+        p = body.prompt
+        if isinstance(p, list) and p and not isinstance(p[0], int):
+            if len(p) != 1:
+                raise ApiError(400, "one prompt per request is served", "prompt")
+            p = p[0]
+        if isinstance(p, str):
+            ids = self.tokenizer.encode(p, add_special_tokens=False) if p else []
+        else:
+            ids = list(p)  # type: ignore[arg-type]
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if bad:
+                raise ApiError(
+                    400,
+                    f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})",
+                    "prompt",
+                )
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        return ids
+
+    def chat(self, body: ChatRequest) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(
+                400,
+                "this model's tokenizer has no chat template: use /v1/completions",
+                "messages",
+            )
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(t) for t in ids]
+
+    def spec(self, body: SamplingFields, ids: list[int], kind: str) -> RequestSpec:
+        refused = body.unsupported()
+        if refused is not None:
+            raise ApiError(400, f"{refused[0]}: {refused[1]}", refused[0])
+        max_tokens = body.max_tokens
+        if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+            max_tokens = body.max_completion_tokens
+        if max_tokens is None:
+            if kind == "chat":
+                max_tokens = self.room - len(ids)
+                if max_tokens < 1:
+                    raise ApiError(
+                        400,
+                        f"the prompt's {len(ids)} tokens leave no room for an answer "
+                        f"(this server serves {self.room} tokens a request)",
+                        "messages",
+                    )
+            else:
+                max_tokens = COMPLETION_MAX_TOKENS
+        stop_ids = tuple(body.stop_token_ids or ())
+        bad = [t for t in stop_ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ApiError(
+                400, f"stop token id {bad[0]} is outside the vocabulary", "stop_token_ids"
+            )
+        sampling = SamplingParams(
+            temperature=body.temperature,
+            top_k=max(0, body.top_k),
+            top_p=body.top_p,
+            seed=body.seed if body.seed is not None else self.rng.randrange(2**31),
+            max_tokens=max_tokens,
+            stop_token_ids=stop_ids,
+            ignore_eos=body.ignore_eos,
+        )
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        return RequestSpec(f"{prefix}-{uuid.uuid4().hex}", ids, sampling)

@@ -1,0 +1,183 @@
+"""The request bodies the server accepts (OpenAI's, and vLLM's `ignore_eos`, `top_k` and
+`stop_token_ids`), as pydantic models that refuse unknown fields by name, and the response
+bodies it sends."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints accept. Fields OpenAI defines that this server cannot honour are
+    accepted only at their neutral value, and refused otherwise (`unsupported`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)  # vLLM's; 0 or -1: no top-k cut
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # vLLM's
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM's: exactly max_tokens tokens
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, why) for a value this server does not serve, else None."""
+        if self.n != 1:
+            return "n", "only n=1 is served"
+        if self.presence_penalty or self.frequency_penalty:
+            field = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            return field, "penalties are not served (0 only)"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not served"
+        if self.logprobs not in (None, False, 0):
+            return "logprobs", "logprobs are not served"
+        if self.top_logprobs:
+            return "top_logprobs", "logprobs are not served"
+        return None
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "echo is not served"
+        if self.best_of not in (None, 1):
+            return "best_of", "only best_of=1 is served"
+        if self.suffix:
+            return "suffix", "suffix is not served"
+        return super().unsupported()
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(
+    rid: str, model: str, text: str, finish: str | None, use: dict[str, int] | None, chat: bool
+) -> dict[str, Any]:
+    """A whole answer (`stream=false`)."""
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+    }
+
+
+def chunk_body(
+    rid: str,
+    model: str,
+    created: int,
+    chat: bool,
+    text: str | None,
+    finish: str | None,
+    role: bool = False,
+    use: dict[str, int] | None = None,
+    with_usage: bool = False,
+    choices: bool = True,
+) -> dict[str, Any]:
+    """One server-sent event of a stream: a piece of text, the finish, or (no choices) the
+    usage chunk that `stream_options.include_usage` asks for last."""
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+    }
+    if choices:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice["finish_reason"] = finish
+        body["choices"] = [choice]
+    if with_usage:
+        body["usage"] = use
+    return body

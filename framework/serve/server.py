@@ -1,0 +1,247 @@
+"""One served run: load and build as `run.py` does, serve HTTP until SIGINT / SIGTERM (or
+`server.stop_after_*`), then write the run folder and tell the observers (the MLflow run
+among them) exactly as a batch run does.
+
+Shutdown is graceful: the listening socket closes, in-flight requests get
+`server.shutdown_timeout_s` to finish, those still running after it are aborted (finish
+reason `abort`), the engine runs empty and its books are checked (`Engine.finish`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from framework.api.faults import guard_hooks
+from framework.api.registry import registry
+from framework.engine.loop import Engine, describe
+from framework.run.app import (
+    RunInfo,
+    abort,
+    build_engine,
+    build_policies,
+    decode_outputs,
+    load,
+    resolve_device,
+)
+from framework.run.config import check_run, check_server, check_window
+from framework.run.errors import user_input
+from framework.run.report import mark_complete, write_results
+from framework.run.simulation import is_simulated
+from framework.run.summary import summarize
+from framework.serve.app import ServerState, create_app
+from framework.serve.engine_loop import EngineLoop
+from framework.serve.metrics import ServerMetrics
+from framework.serve.prompts import Prompts
+
+
+def check_before_loading(cfg: DictConfig) -> None:
+    """What `run.py` checks before loading, less the workload (requests come over HTTP),
+    and what a server cannot do."""
+    from framework.executors.model_loader import resolve_dtype
+
+    check_run(cfg)
+    check_server(cfg.server)
+    build_policies(cfg)
+    check_window(cfg)
+    resolve_device(cfg.device)
+    resolve_dtype(cfg.dtype)
+    if int(cfg.cluster.replicas) != 1:
+        raise ValueError(
+            f"cluster.replicas={cfg.cluster.replicas}: serve.py serves one engine (1 only)"
+        )
+    if cfg.executor.get("replay"):
+        raise ValueError(
+            "executor.replay replays a run's requests by id; a server's requests are new: "
+            "leave it null under serve.py"
+        )
+
+
+def model_name(cfg: DictConfig) -> str:
+    if cfg.server.model_name:
+        return str(cfg.server.model_name)
+    if cfg.model.source == "hf":
+        return Path(str(cfg.model.path)).name
+    return str(cfg.model.source)
+
+
+def what_serves(cfg: DictConfig, engine: Engine) -> dict[str, Any]:
+    """/v1/models' `nanoserve` entry: the executor (a simulation's cost model and profile),
+    the policies and the clock."""
+    out: dict[str, Any] = dict(describe(engine.executor))
+    out["clock"] = engine.clock.name
+    out["pace"] = str(cfg.executor.pace) if is_simulated(cfg) else "real"
+    out.update({group: str(cfg[group].name) for group in engine.p.names})
+    return out
+
+
+def serve_http(
+    cfg: DictConfig, output_dir: Path, hooks: Any, loaded: tuple[Any, ...] | None = None
+) -> RunInfo:
+    """The served run, from the config to the written run folder (`serve`'s signature, so
+    `run_with_observers` runs it with the observers attached)."""
+    import uvicorn  # the `serve` extra
+
+    with user_input():
+        check_before_loading(cfg)
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        torch.manual_seed(cfg.seed)
+        model, tokenizer, device, dtype = loaded or load(cfg)
+        hooks = guard_hooks(hooks, registry())
+        engine = build_engine(cfg, model, device, dtype, hooks)
+        sock = bind(str(cfg.server.host), int(cfg.server.port))
+
+    name = model_name(cfg)
+    info = RunInfo(config=cfg, output_dir=output_dir, num_requests=0)
+    said = what_serves(cfg, engine)
+    holder: dict[str, Any] = {}
+
+    def stop_server(*_: Any) -> None:
+        server = holder.get("server")
+        if server is not None:
+            server.should_exit = True
+
+    loop = EngineLoop(
+        engine, tokenizer.eos_token_id, cfg.executor.pace == "wall", on_failure=stop_server
+    )
+    metrics = ServerMetrics(loop, name, {k: str(v) for k, v in said.items()})
+    loop.on_finished = metrics.finished
+    done = Counted(cfg.server.stop_after_requests, stop_server)
+    state = ServerState(
+        loop=loop,
+        prompts=Prompts(tokenizer, engine, int(cfg.seed)),
+        tokenizer=tokenizer,
+        model_name=name,
+        max_waiting=cfg.server.max_waiting,
+        metrics=metrics,
+        describe=said,
+        max_model_len=engine.limits.max_model_len,
+        on_request_done=done.tick,
+    )
+    config = uvicorn.Config(
+        create_app(state),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=int(max(1, round(cfg.server.shutdown_timeout_s))),
+    )
+    server = QuietServer(config, banner(sock, name, said))
+    holder["server"] = server
+    timer = None
+    if cfg.server.stop_after_s is not None:
+        timer = threading.Timer(float(cfg.server.stop_after_s), stop_server)
+        timer.daemon = True
+    try:
+        hooks.on_run_start(run=info)
+        loop.start()
+        if timer is not None:
+            timer.start()
+        server.run(sockets=[sock])
+        result = loop.stop()
+        if loop.error is not None:
+            raise loop.error
+        if result is None:
+            raise RuntimeError("the engine loop did not stop")
+        info.result = result
+        info.texts = decode_outputs(tokenizer, result)
+    except BaseException as error:
+        if loop.thread.is_alive():
+            loop.stop(timeout=30)
+        abort(info, engine, tokenizer, hooks, error)
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+        sock.close()
+    info.summary = mark_complete(summarize(result))
+    write_results(output_dir, cfg, result, info.summary, info.texts)
+    hooks.on_run_end(run=info, summary=info.summary)
+    return info
+
+
+class Counted:
+    """Calls `then` once `limit` requests are done (None: never)."""
+
+    def __init__(self, limit: int | None, then: Any) -> None:
+        self.limit, self.then, self.n = limit, then, 0
+
+    def tick(self) -> None:
+        self.n += 1
+        if self.limit is not None and self.n == self.limit:
+            self.then()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now so that port 0 has its number before the banner."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(
+            f"server.host={host} server.port={port}: cannot listen there ({exc})"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def banner(sock: socket.socket, name: str, said: dict[str, Any]) -> str:
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    extra = f" · {said['cost_model']} profile {said['profile']}" if "cost_model" in said else ""
+    return f"nanoserve: serving {name} on http://{host}:{port}{extra} (Ctrl-C stops)"
+
+
+class QuietServer:
+    """uvicorn's server, started on our socket, printing one line once it accepts. On
+    SIGINT / SIGTERM it shuts down gracefully and returns, so the run folder is written;
+    uvicorn's own handlers would raise the signal again once it has stopped."""
+
+    def __init__(self, config: Any, line: str) -> None:
+        import uvicorn
+
+        line_to_print = line
+
+        class _Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets)
+                print(line_to_print, flush=True)
+
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                sigs = (signal.SIGINT, signal.SIGTERM)
+                before = {s: signal.signal(s, self.handle_exit) for s in sigs}
+                try:
+                    yield
+                finally:
+                    for s, handler in before.items():
+                        signal.signal(s, handler)
+
+        self.server = _Server(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return bool(self.server.should_exit)
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self.server.should_exit = value
+
+    def run(self, sockets: list[socket.socket]) -> None:
+        self.server.run(sockets=sockets)
+        sys.stdout.flush()
