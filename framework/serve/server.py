@@ -14,7 +14,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,22 @@ def what_serves(cfg: DictConfig, engine: Engine) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class Running:
+    """A server once it accepts: its port, its engine loop, and how to stop it (as SIGINT
+    does). What `serve_http` hands `on_ready`: a test drives a server in its own process."""
+
+    port: int
+    loop: EngineLoop
+    stop: Callable[[], None]
+
+
 def serve_http(
-    cfg: DictConfig, output_dir: Path, hooks: Any, loaded: tuple[Any, ...] | None = None
+    cfg: DictConfig,
+    output_dir: Path,
+    hooks: Any,
+    loaded: tuple[Any, ...] | None = None,
+    on_ready: Callable[[Running], None] | None = None,
 ) -> RunInfo:
     """The served run, from the config to the written run folder (`serve`'s signature, so
     `run_with_observers` runs it with the observers attached)."""
@@ -135,7 +150,11 @@ def serve_http(
         lifespan="off",
         timeout_graceful_shutdown=int(max(1, round(cfg.server.shutdown_timeout_s))),
     )
-    server = QuietServer(config, banner(sock, name, said))
+    ready = None
+    if on_ready is not None:
+        running = Running(sock.getsockname()[1], loop, stop_server)
+        ready = lambda: on_ready(running)  # noqa: E731
+    server = QuietServer(config, banner(sock, name, said), ready)
     holder["server"] = server
     timer = None
     if cfg.server.stop_after_s is not None:
@@ -209,7 +228,7 @@ class QuietServer:
     SIGINT / SIGTERM it shuts down gracefully and returns, so the run folder is written;
     uvicorn's own handlers would raise the signal again once it has stopped."""
 
-    def __init__(self, config: Any, line: str) -> None:
+    def __init__(self, config: Any, line: str, ready: Callable[[], None] | None = None) -> None:
         import uvicorn
 
         line_to_print = line
@@ -218,6 +237,8 @@ class QuietServer:
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:
                 await super().startup(sockets)
                 print(line_to_print, flush=True)
+                if ready is not None:
+                    ready()
 
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:

@@ -1,0 +1,371 @@
+"""The HTTP server against a client nobody here wrote (the official `openai` package), on
+servers started in this process on a free port of 127.0.0.1, each bounded in time
+(`server.stop_after_s`) and stopped as SIGINT stops it, its engine's books checked whole
+(`Engine.finish`) at the end of every test."""
+
+from __future__ import annotations
+
+import csv
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")  # what `openai` uses
+
+from framework.api.registry import registry  # noqa: E402
+from framework.engine.request import RequestSpec, SamplingParams  # noqa: E402
+from framework.engine.sequence import Sequence  # noqa: E402
+from framework.run.app import RunInfo  # noqa: E402
+from framework.serve.server import Running, serve_http  # noqa: E402
+from tests.helpers import make_cfg, run_engine  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Kernels fixed rather than timed at each start (`auto`): the same on both sides of a
+# comparison with a batch run, and a faster start.
+FIXED = [
+    "model=tiny",
+    "engine.packed_linears=false",
+    "engine.paged_kernel=false",
+    "engine.argmax_kernel=false",
+]
+DEFERRED = ["output=deferred", "window=4"]
+EOS = {"ignore_eos": True}  # vLLM's field, which the `openai` client sends as extra_body
+
+
+@dataclass
+class Served:
+    running: Running
+    url: str
+    out: Path
+    info: dict[str, Any]
+
+    def client(self) -> Any:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+    def seq(self, rid: str) -> Sequence:
+        return next(s for s in self.running.loop.engine.seqs if s.id == rid)
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith(f"nanoserve:{name}{{") or line.startswith(f"nanoserve:{name} "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+@contextmanager
+def served(tmp_path: Path, *overrides: str, loaded: Any = None) -> Iterator[Served]:
+    """A server in a thread of this process; stopped (as by SIGINT) on leaving, which runs
+    the engine empty, checks its books and writes the run folder into `tmp_path`."""
+    cfg = make_cfg(*overrides, "server.port=0", "server.stop_after_s=120", "observers=[]")
+    ready: queue.Queue[Running | None] = queue.Queue()
+    info: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            info["run"] = serve_http(cfg, tmp_path, registry().pm.hook, loaded, ready.put)
+        except BaseException as error:
+            info["error"] = error
+            ready.put(None)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    running = ready.get(timeout=120)
+    if running is None:
+        raise info["error"]
+    try:
+        yield Served(running, f"http://127.0.0.1:{running.port}", tmp_path, info)
+    finally:
+        running.stop()
+        thread.join(60)
+    assert not thread.is_alive(), "the server did not stop"
+    if "error" in info:
+        raise info["error"]
+
+
+def loaded(tiny: Any) -> tuple[Any, ...]:
+    return (tiny[0], tiny[1], torch.device("cpu"), torch.float32)
+
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "Water boils at",
+]
+
+
+def test_openai_client_streams_and_answers_whole(tiny, tmp_path) -> None:
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        client = s.client()
+        models = client.models.list().data
+        assert [m.id for m in models] == ["tiny"]
+
+        whole = client.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=9, temperature=0, extra_body=EOS
+        )
+        assert whole.choices[0].finish_reason == "length"
+        seq = s.seq(whole.id)
+        assert whole.usage.prompt_tokens == seq.prompt_len
+        assert whole.usage.completion_tokens == len(seq.output_token_ids) == 9
+        assert whole.choices[0].text == tiny[1].decode(seq.output_token_ids)
+
+        chunks = list(
+            client.completions.create(
+                model="tiny", prompt=PROMPTS[0], max_tokens=9, temperature=0, extra_body=EOS,
+                stream=True, stream_options={"include_usage": True},
+            )
+        )  # fmt: skip
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 9
+        assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+        messages = [{"role": "user", "content": "What is 2 + 2?"}]
+        chat = client.chat.completions.create(
+            model="tiny", messages=messages, max_completion_tokens=7, temperature=0
+        )
+        seq = s.seq(chat.id)
+        template = tiny[1].apply_chat_template(messages, add_generation_prompt=True)
+        assert seq.spec.prompt_token_ids == list(template["input_ids"])
+        assert chat.usage.prompt_tokens == len(template["input_ids"])
+        assert chat.usage.completion_tokens == len(seq.output_token_ids)
+        stream = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=7, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        parts = list(stream)
+        assert parts[0].choices[0].delta.role == "assistant"
+        text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+        assert text == chat.choices[0].message.content
+        assert parts[-1].usage.completion_tokens == chat.usage.completion_tokens
+
+        # A seed makes sampling reproducible; another seed draws another answer.
+        def sample(seed: int) -> str:
+            r = client.completions.create(
+                model="tiny", prompt=PROMPTS[2], max_tokens=12, temperature=1.0, seed=seed,
+                extra_body=EOS,
+            )  # fmt: skip
+            return r.choices[0].text
+
+        assert sample(7) == sample(7)
+        assert sample(7) != sample(8)
+
+
+@pytest.mark.parametrize("output", [[], DEFERRED], ids=["immediate", "deferred"])
+def test_greedy_answers_are_those_of_a_batch_run(tiny, tmp_path, output: list[str]) -> None:
+    model, tok = tiny
+    ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    specs = [RequestSpec(f"r{i}", p, SamplingParams(max_tokens=10)) for i, p in enumerate(ids)]
+    batch = run_engine(make_cfg(*FIXED, *output), model, tok, specs)
+    want = {s.id: s.output_token_ids for s in batch.seqs}
+    with served(tmp_path, *FIXED, *output, loaded=loaded(tiny)) as s:
+        client = s.client()
+
+        def ask(i: int) -> Any:
+            return client.completions.create(
+                model="tiny", prompt=ids[i], max_tokens=10, temperature=0
+            )
+
+        with ThreadPoolExecutor(len(ids)) as pool:
+            answers = list(pool.map(ask, range(len(ids))))
+        for i, a in enumerate(answers):
+            assert s.seq(a.id).output_token_ids == want[f"r{i}"]
+            assert a.choices[0].text == tok.decode(want[f"r{i}"], skip_special_tokens=True)
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
+    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny)) as s:
+        client = s.client()
+        stream = client.completions.create(
+            model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
+        )
+        got = 0
+        for _ in stream:
+            got += 1
+            if got == 3:
+                break
+        assert s.metric("kv_cache_blocks_used") > 0
+        stream.close()  # the client goes away mid-stream
+        deadline = time.monotonic() + 20
+        while s.metric("request_aborted_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.metric("request_aborted_total") == 1
+        assert s.metric("kv_cache_blocks_used") == 0
+        assert s.running.loop.engine.pool.num_used == 0
+        # ... and the server goes on serving
+        r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body=EOS)
+        assert r.usage.completion_tokens == 3
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["aborted"] == 1 and metrics["incomplete"] is False
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert sorted(r["finish_reason"] for r in rows) == ["abort", "length"]
+    aborted = next(r for r in rows if r["finish_reason"] == "abort")
+    assert 3 <= int(aborted["output_tokens"]) < 1500
+
+
+def test_sixteen_concurrent_streams_finish_with_exact_usage(tiny, tmp_path) -> None:
+    with served(tmp_path, *FIXED, *DEFERRED, "engine.max_num_seqs=6", loaded=loaded(tiny)) as s:
+        client = s.client()
+
+        def one(i: int) -> tuple[str, int, int, str, str | None]:
+            stream = client.completions.create(
+                model="tiny", prompt=PROMPTS[i % 4] * (1 + i % 3), max_tokens=5 + 3 * i,
+                temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
+            )  # fmt: skip
+            text, rid, use, finish = "", "", None, None
+            for c in stream:
+                rid = c.id
+                if c.choices:
+                    text += c.choices[0].text
+                    finish = c.choices[0].finish_reason or finish
+                if c.usage is not None:
+                    use = c.usage
+            return rid, use.prompt_tokens, use.completion_tokens, text, finish
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(one, range(16)))
+        assert len({a[0] for a in answers}) == 16
+        for i, (rid, prompt, completion, text, finish) in enumerate(answers):
+            seq = s.seq(rid)
+            assert (prompt, completion) == (seq.prompt_len, len(seq.output_token_ids))
+            assert completion <= 5 + 3 * i and finish == seq.finish_reason
+            assert text == tiny[1].decode(seq.output_token_ids, skip_special_tokens=True)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["requests_finished"] == 16 and metrics["aborted"] == 0
+
+
+def test_past_the_queue_bound_answers_429(tiny, tmp_path) -> None:
+    with served(
+        tmp_path, *FIXED, "engine.max_num_seqs=1", "server.max_waiting=1", loaded=loaded(tiny)
+    ) as s:
+        client = s.client()
+        long = {"model": "tiny", "prompt": "Hi", "max_tokens": 1500, "extra_body": EOS}
+        first = client.completions.create(**long, stream=True)
+        next(iter(first))  # running
+        second = client.completions.create(**long, stream=True)  # accepted: it waits
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert refused.value.status_code == 429
+        assert "server.max_waiting" in refused.value.body["message"]
+        first.close()
+        second.close()
+        deadline = time.monotonic() + 20
+        while s.metric("request_aborted_total") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_body=EOS)
+        assert r.usage.completion_tokens == 2
+
+
+BAD = [
+    ("/v1/completions", b'{"prompt": "Hi", ', None, "not valid JSON"),
+    ("/v1/completions", {"prompt": "Hi", "foo": 1}, "foo", "unknown field 'foo'"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, "max_tokens", ""),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens", ""),
+    ("/v1/completions", {"max_tokens": 3}, "prompt", "'prompt' is required"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2}, "n", "only n=1"),
+    ("/v1/completions", {"prompt": ""}, "prompt", "empty"),
+    ("/v1/completions", {"prompt": [10, 99999999]}, "prompt", "outside the vocabulary"),
+    ("/v1/completions", [1, 2], None, ""),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 5000}, "max_tokens", "context"),
+    ("/v1/chat/completions", {"messages": []}, "messages", ""),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, ""),
+]
+
+
+def test_malformed_requests_get_4xx_in_the_error_schema(tiny, tmp_path) -> None:
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        with httpx.Client(base_url=s.url, timeout=30) as http:
+            for path, body, param, says in BAD:
+                if isinstance(body, bytes):
+                    r = http.post(path, content=body, headers={"content-type": "application/json"})
+                else:
+                    r = http.post(path, json=body)
+                assert r.status_code == 400, (body, r.text)
+                error = r.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"}
+                assert error["type"] == "invalid_request_error" and says in error["message"]
+                if param is not None:
+                    assert error["param"] == param, (body, error)
+            r = http.post("/v1/completions", json={"model": "gpt-9", "prompt": "Hi"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+            r = http.get("/v1/nothing")
+            assert r.status_code == 404 and "error" in r.json()
+            assert http.get("/health").status_code == 200
+        r = s.client().completions.create(prompt="Hi", model="tiny", max_tokens=2)
+        assert r.usage.completion_tokens == 2  # still serving
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["requests_rejected"] == 1  # the one too long for the context
+
+
+def test_paced_simulator_sends_no_token_before_its_predicted_time(tmp_path) -> None:
+    """An 8B on an analytic H100, paced on the wall clock: each token reaches the client no
+    sooner after the request left than the profile says it exists after its arrival.
+    (A lower bound only: what this machine adds on top is not asserted.)"""
+    overrides = [
+        "model=hf",
+        "model.path=framework/executors/simulated/models/llama-8b",
+        "dtype=bfloat16",
+        "executor=simulated",
+        "executor.hardware=h100-sxm",
+        "executor.pace=wall",
+        "engine.num_blocks=256",
+    ]
+    with served(tmp_path, *overrides) as s:
+        models = s.client().models.list().data[0]
+        said = models.model_extra["nanoserve"]
+        assert said["cost_model"] == "analytic" and said["pace"] == "wall"
+        assert "h100" in said["profile"]
+        # An open loop of requests, each timed from the moment it is sent
+        sent, seen = {}, {}
+
+        def one(i: int) -> str:
+            time.sleep(0.05 * i)
+            t0 = time.perf_counter()
+            stream = s.client().completions.create(
+                model=models.id, prompt=[1000 + i] * 200, max_tokens=24, extra_body=EOS,
+                stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+            )  # fmt: skip
+            marks = []
+            for c in stream:
+                if c.choices and c.usage is not None:
+                    marks.append((c.usage.completion_tokens, time.perf_counter() - t0))
+                rid = c.id
+            sent[rid], seen[rid] = t0, marks
+            return rid
+
+        with ThreadPoolExecutor(4) as pool:
+            rids = list(pool.map(one, range(4)))
+        for rid in rids:
+            seq = s.seq(rid)
+            assert len(seq.output_token_ids) == 24
+            for k, at in seen[rid]:
+                predicted = seq.token_times[k - 1] - seq.arrival
+                assert at >= predicted - 1e-3, (rid, k, at, predicted)
+            # The profile's timing, not this machine's: 24 decode steps of an 8B on an H100
+            # take milliseconds each, and the client waited them out.
+            assert seq.finished_at - seq.arrival > 24 * 0.003
+            assert seen[rid][-1][1] >= seq.finished_at - seq.arrival - 1e-3
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["clock"] == "virtual" and metrics["cost_model"] == "analytic"
+
+
+def test_run_info_is_returned(tiny, tmp_path) -> None:
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        s.client().completions.create(model="tiny", prompt="Hi", max_tokens=2)
+    assert isinstance(s.info["run"], RunInfo)
+    assert s.info["run"].summary["requests"] == 1
+    for name in ("metrics.json", "requests.csv", "steps.csv", "outputs.jsonl", "config.yaml"):
+        assert (tmp_path / name).is_file()
