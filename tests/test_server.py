@@ -192,9 +192,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
         stream = client.completions.create(
             model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
         )
-        got = 0
-        for _ in stream:
-            got += 1
+        for got, _ in enumerate(stream, start=1):
             if got == 3:
                 break
         assert s.metric("kv_cache_blocks_used") > 0
