@@ -6,9 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
+SERVE_STAMP := $(VENV)/.installed-serve
 ARGS ?=
 
-.PHONY: setup setup-ray run test lint clean
+.PHONY: setup setup-ray setup-serve run test lint clean
 
 setup: $(STAMP)
 
@@ -33,13 +34,21 @@ $(RAY_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $(RAY_STAMP)
 
+# The `serve` extra (FastAPI, uvicorn, prometheus_client, and the `openai` client the tests
+# drive the server with): `python serve.py` needs it, and the tests install it.
+setup-serve: $(SERVE_STAMP)
+
+$(SERVE_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e '.[dev,serve]'
+	touch $(SERVE_STAMP)
+
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
 # The suite runs on every core (pytest-xdist, at most 4 workers: each holds its own copy of
 # the models), the slowest tests handed out first as workers free up. ARGS="-n 0" runs it in
 # one process.
-test: $(STAMP) $(RAY_STAMP)
+test: $(STAMP) $(RAY_STAMP) $(SERVE_STAMP)
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
