@@ -35,11 +35,12 @@ $(RAY_STAMP): $(STAMP)
 	touch $(RAY_STAMP)
 
 # The `serve` extra (FastAPI, uvicorn, prometheus_client, and the `openai` client the tests
-# drive the server with): `python serve.py` needs it, and the tests install it.
+# drive the server with): `python serve.py` needs it; the tests install it, and the `bench`
+# extra (guidellm, the load generator of experiments/serve_bench.py) with it.
 setup-serve: $(SERVE_STAMP)
 
 $(SERVE_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install -q -e '.[dev,serve]'
+	$(BIN)/pip install -q -e '.[dev,serve,bench]'
 	touch $(SERVE_STAMP)
 
 run: $(STAMP)
