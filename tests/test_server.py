@@ -152,6 +152,26 @@ def test_openai_client_streams_and_answers_whole(tiny, tmp_path) -> None:
         assert text == chat.choices[0].message.content
         assert parts[-1].usage.completion_tokens == chat.usage.completion_tokens
 
+        # A stop string ends the answer before it, across token boundaries; the engine is
+        # told to stop the request there, and usage counts the tokens up to it.
+        text = whole.choices[0].text
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        cut = client.completions.create(
+            model="tiny",
+            prompt=PROMPTS[0],
+            max_tokens=9,
+            temperature=0,
+            stop=[stop],
+            extra_body=EOS,
+        )
+        assert cut.choices[0].text == text[: text.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        assert cut.usage.completion_tokens < 9
+        deadline = time.monotonic() + 20  # the engine is told after the answer went out
+        while s.seq(cut.id).finish_reason is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.seq(cut.id).finish_reason == "stop_string"
+
         # A seed makes sampling reproducible; another seed draws another answer.
         def sample(seed: int) -> str:
             r = client.completions.create(
