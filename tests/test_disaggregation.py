@@ -29,7 +29,8 @@ from framework.engine.sequence import Status
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize
-from framework.tracking.plots import plot_replica_load, read_step_columns, transfers_in_flight
+from framework.tracking.plots import read_step_columns
+from framework.tracking.replica_plots import plot_replica_load, transfers_in_flight
 from tests.helpers import assert_refused, cli, make_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")

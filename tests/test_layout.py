@@ -32,6 +32,7 @@ MAY_IMPORT = {
     "executors": {"engine"},
     "tracking": set(),  # MLflow, progress and plots read files and configs, not the engine
     "run": {"api", "engine", "executors", "workloads", "tracking"},
+    "serve": {"api", "engine", "executors", "workloads", "tracking", "run"},  # a run, online
 }
 
 

@@ -556,18 +556,18 @@ def test_a_long_run_draws_the_first_steps_of_its_timeline(
     steps = read_step_columns(tmp_path / "steps.csv")
     requests = read_csv(tmp_path / "requests.csv")
     drawn: dict[str, Any] = {}
-    real_save = plots_module._save
+    real_save = plots_module.save_figure
 
     def keep(fig: Any, path: Path) -> Path:
         drawn["title"] = fig.axes[0].get_title()
         drawn["xlim"] = fig.axes[0].get_xlim()
         return real_save(fig, path)
 
-    plots_module._save = keep
+    plots_module.save_figure = keep
     try:
         plots_module.plot_slot_timeline(requests, steps, 6, tmp_path / "t.png", max_steps=10)
     finally:
-        plots_module._save = real_save
+        plots_module.save_figure = real_save
     assert drawn["xlim"] == (0, 10)
     assert f"(the first 10 of {len(steps['step'])})" in drawn["title"]
     assert "differ" not in drawn["title"]  # clipped spans still match the engine's rows

@@ -29,6 +29,7 @@ from framework.api.policy import (
     Scheduler,
     overrides,
 )
+from framework.engine.abort_side import AbortSide
 from framework.engine.batch import StepBatch
 from framework.engine.batch_build import BatchBuilder
 from framework.engine.block_pool import BlockPool
@@ -44,7 +45,7 @@ from framework.engine.phases import PhaseTimer
 from framework.engine.planner import Planner, StepPlan
 from framework.engine.readback import Readback
 from framework.engine.request import RequestSpec
-from framework.engine.sequence import ABORTED, ENDED_OUTSIDE, STOP_STRING, Sequence, Status
+from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def describe(executor: Any) -> dict[str, str]:
     return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
-class Engine(HandOffSide):
+class Engine(HandOffSide, AbortSide):
     def __init__(
         self,
         executor: Executor,
@@ -226,55 +227,6 @@ class Engine(HandOffSide):
         self.seqs.append(seq)
         self._enqueue(seq)
         return seq
-
-    def abort(self, seq: Sequence, reason: str = ABORTED) -> None:
-        """End `seq` before its stop or length: its client went away (`abort`), or a stop
-        string was found in its text (`stop_string`). Call it between steps, from the thread
-        that steps the engine.
-
-        A request not yet running holds nothing: it ends here. A running one ends at the
-        start of the next step, inside that step's books: its held tokens come home first
-        (the rows are about to change, as at an eviction), and if they finish it, it
-        finishes as it would have; else its blocks go back to the pool (a prefix cache's
-        references dropped as at any release) and it is released with `reason`. A request
-        that has already finished is left to finish as it does."""
-        if reason not in ENDED_OUTSIDE:
-            raise ValueError(f"abort reason must be one of {ENDED_OUTSIDE}, got {reason!r}")
-        if seq.finish_reason is not None or seq.status in (Status.RELEASED, Status.REJECTED):
-            return
-        if seq.status is Status.PENDING:
-            self.pending.remove(seq)
-        elif seq.status is Status.WAITING:
-            self.waiting.remove(seq)
-        elif seq.status is Status.RUNNING:
-            self.aborting[seq] = reason
-            return
-        else:  # sending or receiving: a cluster's hand-off, which a server never starts
-            raise ValueError(f"{seq.id} is {seq.status.value}: a hand-off cannot be aborted")
-        self._end(seq, reason)
-        self._notify([seq])
-
-    def _abort_running(self) -> None:
-        """The running requests `abort` named leave the rows (at the start of a step)."""
-        aborting, self.aborting = self.aborting, {}
-        if self.output.steps:  # the rows change: every held token reaches its request first
-            self.planner.drain_all()
-        for seq, reason in aborting.items():
-            if seq.finished or seq not in self.running:  # its held tokens finished it
-                continue
-            self.running.remove(seq)
-            self.pool.free(seq.id, seq.block_table)
-            seq.block_table = []
-            self._end(seq, reason)
-            self.output.finished.append(seq)  # announced with the step's finished requests
-
-    def _end(self, seq: Sequence, reason: str) -> None:
-        seq.status, seq.finish_reason = Status.RELEASED, reason
-        seq.finished_at = seq.released_at = self.now()
-        if reason == STOP_STRING:
-            self.counters.stop_strings += 1
-        else:
-            self.counters.aborted += 1
 
     def _enqueue(self, seq: Sequence) -> None:
         reason = self._why_never(seq)

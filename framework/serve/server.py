@@ -34,9 +34,10 @@ from framework.run.app import (
     load,
     resolve_device,
 )
-from framework.run.config import check_run, check_server, check_window
+from framework.run.config import check_run, check_window
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, write_results
+from framework.run.server_config import check_server
 from framework.run.simulation import is_simulated
 from framework.run.summary import summarize
 from framework.serve.app import ServerState, create_app

@@ -33,13 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-
-matplotlib.use("Agg")  # files only: no display needed, and no GUI toolkit imported
-import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from framework.tracking.figures import (
+    StepColumns,
+    envelope,
+    num,
+    plt,
+    save_figure,
+)
+from framework.tracking.replica_plots import plot_replica_load
 from framework.tracking.run_files import open_run_file, run_file
 
 PLOTS = ("slot_timeline.png", "kv_blocks.png", "latency_cdf.png")
@@ -50,11 +54,6 @@ STAMP_ROUNDING = 1e-6  # requests.csv writes token times to the microsecond
 # The columns of steps.csv the pictures read: a whole day's trace is a million steps, and a
 # dict of all 29 columns a step held 2.7 GB while the plots drew (the run's peak).
 STEP_PLOT_COLUMNS = ("step", "time", "rows", "blocks_in_use", "waiting", "preempted")
-# Points a per-step curve keeps at most (`envelope`): a few per pixel column of the picture.
-CURVE_POINTS = 2000
-
-# steps.csv's columns, one array each (counts as int64, seconds and the window as float64).
-StepColumns = dict[str, np.ndarray]
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -101,29 +100,6 @@ def _typed(column: str, values: np.ndarray) -> np.ndarray:
     if column in ("time", "window") or column.endswith("_s"):
         return values
     return values.astype(np.int64)
-
-
-def envelope(values: np.ndarray, buckets: int = CURVE_POINTS) -> np.ndarray:
-    """The indices of `values` worth drawing: in each of `buckets` runs of consecutive
-    points, the first, the last, the lowest and the highest (M4 aggregation: Jugel et al.,
-    VLDB 2014). At a bucket per pixel column or narrower the curve drawn through them covers
-    the same pixels as the whole series; a million-step run draws in a second, not five."""
-    n = len(values)
-    if n <= 4 * buckets:
-        return np.arange(n)
-    width = -(-n // buckets)  # ceil: every point in one bucket
-    padded = np.concatenate([values, np.full(width * buckets - n, values[-1])])
-    grid = padded.reshape(buckets, width)
-    base = np.arange(buckets) * width
-    picks = np.concatenate(
-        [base, base + grid.argmin(axis=1), base + grid.argmax(axis=1), base + width - 1]
-    )
-    return np.unique(np.minimum(picks, n - 1))
-
-
-def num(text: str | None) -> float | None:
-    """A CSV cell as a float; None for an empty cell (a time that never happened)."""
-    return float(text) if text not in (None, "", "None") else None
 
 
 @dataclass(frozen=True)
@@ -279,7 +255,7 @@ def plot_slot_timeline(
         bbox_to_anchor=(1.0, 1.0),
         fontsize=7,
     )
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_kv_blocks(steps: StepColumns, num_blocks: int | None, path: Path) -> Path:
@@ -320,7 +296,7 @@ def plot_kv_blocks(steps: StepColumns, num_blocks: int | None, path: Path) -> Pa
         fontsize=10,
     )
     ax.legend(loc="upper left", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_latency_cdf(requests: list[dict[str, str]], path: Path) -> Path:
@@ -340,7 +316,7 @@ def plot_latency_cdf(requests: list[dict[str, str]], path: Path) -> Path:
     ax.set_ylim(0, 1.02)
     ax.set_title("latency CDF", fontsize=10)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_bars(
@@ -355,74 +331,11 @@ def plot_bars(
         ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(metric, fontsize=9)
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _q(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def transfers_in_flight(
-    requests: list[dict[str, str]],
-) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per replica, the KV transfers it sends or receives at each time (a disaggregated
-    cluster's `requests.csv`, from `kv_start_s` to `kv_done_s`): (times, counts), a step
-    curve. Empty when the run made no transfer."""
-    events: dict[int, list[tuple[float, int]]] = {}
-    for r in requests:
-        start, done = num(r.get("kv_start_s")), num(r.get("kv_done_s"))
-        if start is None or done is None:
-            continue
-        for side in (r["replica"], r["decode_replica"]):
-            events.setdefault(int(side), []).extend(((start, 1), (done, -1)))
-    curves = {}
-    for replica, marks in sorted(events.items()):
-        marks.sort()
-        times = np.array([t for t, _ in marks])
-        counts = np.cumsum([d for _, d in marks])
-        curves[replica] = (times, counts)
-    return curves
-
-
-def plot_replica_load(
-    steps: StepColumns, path: Path, requests: list[dict[str, str]] | None = None
-) -> Path:
-    """A cluster's replicas over time: each one's rows in the forward and KV blocks in use at
-    each of its steps (`steps` with a `replica` column), each curve through its `envelope`;
-    with KV transfers between them (`requests` of a disaggregated run), a third panel of
-    the transfers each replica sends or receives."""
-    moving = transfers_in_flight(requests or [])
-    panels = 3 if moving else 2
-    fig, axes = plt.subplots(panels, 1, figsize=(9, 2.5 * panels), sharex=True)
-    rows_ax, blocks_ax = axes[0], axes[1]
-    replica = steps["replica"]
-    for r in np.unique(replica).tolist():
-        mine = replica == r
-        t = steps["time"][mine]
-        for ax, column in ((rows_ax, "rows"), (blocks_ax, "blocks_in_use")):
-            values = steps[column][mine]
-            keep = envelope(values)
-            color = f"C{r % 10}"  # a replica's colour in every panel
-            ax.step(t[keep], values[keep], where="post", lw=0.8, color=color, label=f"replica {r}")
-    rows_ax.set_ylabel("rows in the forward")
-    blocks_ax.set_ylabel("KV blocks in use")
-    if moving:
-        kv_ax = axes[2]
-        for r, (t, counts) in moving.items():
-            keep = envelope(counts)
-            kv_ax.step(t[keep], counts[keep], where="post", lw=0.8, color=f"C{r % 10}")
-        kv_ax.set_ylabel("KV transfers\nsent or received")
-    axes[-1].set_xlabel("time (s)")
-    rows_ax.set_title("load per replica", fontsize=10)
-    rows_ax.legend(loc="upper right", fontsize=7, ncol=4)
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def save_run_plots(run_dir: Path, steps: StepColumns | None = None) -> list[Path]:

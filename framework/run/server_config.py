@@ -1,0 +1,45 @@
+"""`python serve.py`'s settings (`server.*`): a structured config of the run config, and
+its checks, one line naming the field, before any model loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ServerConfig:
+    """`python serve.py`: the OpenAI-compatible HTTP server (framework/serve, docs/server.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free port, printed at start
+    # Requests queued beyond the running rows at most; past it a request is answered 429.
+    # null: no bound.
+    max_waiting: int | None = 256
+    # The name /v1/models lists and requests may give as `model`; null: the model's own
+    # (the folder's name, smollm2, tiny).
+    model_name: str | None = None
+    # Seconds in-flight requests get to finish after SIGINT / SIGTERM; the rest are aborted.
+    shutdown_timeout_s: float = 10.0
+    # The server stops by itself (as on SIGINT) after this many seconds or requests; null:
+    # runs until stopped. For tests and bounded benchmarks.
+    stop_after_s: float | None = None
+    stop_after_requests: int | None = None
+
+
+def check_server(s: Any) -> None:
+    """The `server.*` settings, named, before the model loads."""
+    if not 0 <= s.port <= 65535:
+        raise ValueError(f"server.port must be 0 (a free port) to 65535; got {s.port}")
+    if s.max_waiting is not None and s.max_waiting < 0:
+        raise ValueError(
+            f"server.max_waiting must be >= 0, or null (no bound); got {s.max_waiting}"
+        )
+    if s.shutdown_timeout_s < 0:
+        raise ValueError(f"server.shutdown_timeout_s must be >= 0; got {s.shutdown_timeout_s}")
+    if s.stop_after_s is not None and not s.stop_after_s > 0:
+        raise ValueError(f"server.stop_after_s must be > 0, or null; got {s.stop_after_s}")
+    if s.stop_after_requests is not None and s.stop_after_requests < 1:
+        raise ValueError(
+            f"server.stop_after_requests must be >= 1, or null; got {s.stop_after_requests}"
+        )
