@@ -234,6 +234,33 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
     assert 3 <= int(aborted["output_tokens"]) < 1500
 
 
+def test_a_client_gone_before_its_whole_answer_is_aborted(tiny, tmp_path) -> None:
+    """A request answered whole (no stream) whose client gives up waiting, queued behind a
+    long stream in the one row: aborted where it waits, then the stream's own request when
+    it is closed; every block freed, and the server goes on serving."""
+    with served(tmp_path, *FIXED, "engine.max_num_seqs=1", loaded=loaded(tiny)) as s:
+        client = s.client()
+        long = client.completions.create(
+            model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
+        )
+        next(iter(long))  # running, in the one row
+        impatient = client.with_options(timeout=0.5, max_retries=0)
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(model="tiny", prompt="Hi", max_tokens=8, extra_body=EOS)
+        for aborted in (1, 2):
+            deadline = time.monotonic() + 20
+            while s.metric("request_aborted_total") < aborted and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert s.metric("request_aborted_total") == aborted
+            long.close()  # then the stream's client goes away too
+        assert s.running.loop.engine.pool.num_used == 0
+        r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body=EOS)
+        assert r.usage.completion_tokens == 3
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert sorted(r["finish_reason"] for r in rows) == ["abort", "abort", "length"]
+    assert sorted(int(r["output_tokens"]) for r in rows)[0] == 0  # it never ran
+
+
 def test_sixteen_concurrent_streams_finish_with_exact_usage(tiny, tmp_path) -> None:
     with served(tmp_path, *FIXED, *DEFERRED, "engine.max_num_seqs=6", loaded=loaded(tiny)) as s:
         client = s.client()
