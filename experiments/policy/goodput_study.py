@@ -1,8 +1,8 @@
 """A study whose every job is also searched for its goodput under an SLO:
 `python run.py +experiment=disaggregation`.
 
-Each job of the sweep is one run of its config at the workload's own rate, with its folder
-and MLflow run as any job's. When the sweep is done, `GoodputStudy` searches each job's
+Each job of the sweep is one run of its config at its `workload.rate`, with its folder and
+MLflow run as any job's. When the sweep is done, `GoodputStudy` searches each job's
 config for its goodput as DistServe defines it (`experiments.sim.goodput`: the highest
 request rate at which `attainment` of all the requests meet both the TTFT and the TPOT
 target of its workload), on the simulator, and writes `NAME.md`, `NAME.csv` and `NAME.png`
@@ -14,7 +14,7 @@ goodput, TTFT and TPOT p50/p90/p99, the KV transfers' p99, and each pool's utili
 The searches run in forked worker processes, one per core (`workers`): each probe is a
 simulated run on a virtual clock under `executor.host_time=model`, so every figure is the
 same however many run at once. A finished sweep's table can be written again, its searches
-run again: `python -m experiments.goodput_study NAME multirun/NAME/DATE`.
+run again: `python -m experiments.goodput_study multirun/NAME/DATE`.
 """
 
 from __future__ import annotations
