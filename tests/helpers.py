@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from framework.api.registry import registry
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
+from framework.executors.layer_glue import eager_glue
 from framework.run.app import build_engine
 from framework.run.config import register_configs
 from framework.run.greedy_check import Divergence, compare_greedy
@@ -55,18 +56,20 @@ def run_engine(cfg: DictConfig, model: Any, tokenizer: Any, specs: list[RequestS
 
 
 def hf_greedy(model: Any, prompt_ids: list[int], max_new: int, eos: int | None) -> list[int]:
-    """Batch-1 greedy decoding by Hugging Face, the reference every policy must match."""
+    """Batch-1 greedy decoding by Hugging Face, the reference every policy must match (its
+    own eager norms, rotary and MLP, whatever an engine fused on the model)."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_new,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=eos if eos is not None else 0,
-        )
+        with eager_glue(model):
+            out = model.generate(
+                torch.tensor([prompt_ids]),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos if eos is not None else 0,
+            )
     finally:
         model.set_attn_implementation(previous)
     return out[0, len(prompt_ids) :].tolist()

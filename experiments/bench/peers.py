@@ -32,6 +32,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from framework.engine.counters import StepStats
 from framework.engine.request import RequestSpec
+from framework.executors.layer_glue import eager_glue
 from framework.executors.packed_linear import stock_linears
 
 CB_PAGE = 256  # tokens per page of transformers' continuous-batching cache (its default)
@@ -74,12 +75,13 @@ class StepStamps(BaseStreamer):
 def plain_hf(model: Any, stock_linear: bool = True) -> Iterator[Any]:
     """Run the model as plain transformers does, then put nanoserve's settings back: its
     own sdpa attention (the engine selects its paged attention on the model) and, with
-    `stock_linear`, PyTorch's own Linear (the engine packs the weights for oneDNN)."""
+    `stock_linear`, PyTorch's own Linear and its own eager norms, rotary and MLP (the engine
+    packs the weights for oneDNN and may fuse the glue, `layer_glue.py`)."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     linears = stock_linears(model) if stock_linear else contextlib.nullcontext(model)
     try:
-        with linears:
+        with linears, eager_glue(model) if stock_linear else contextlib.nullcontext(model):
             yield model
     finally:
         model.set_attn_implementation(previous)

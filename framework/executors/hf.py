@@ -18,6 +18,7 @@ from framework.executors.kernel_choice import (
     AUTO,
     choose_argmax,
     choose_decode_kernel,
+    choose_glue,
     choose_linears,
 )
 from framework.executors.kernels.argmax import kernel_argmax
@@ -36,6 +37,7 @@ class HFExecutor:
         packed_linears: Any = AUTO,
         paged_kernel: Any = AUTO,
         argmax_kernel: Any = AUTO,
+        layer_glue: Any = AUTO,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -44,6 +46,7 @@ class HFExecutor:
         # The model object may be shared (tests, benchmarks): each engine states its own way,
         # measured on this machine unless set (auto / true / false).
         self.linears = choose_linears(model, packed_linears)
+        self.glue = choose_glue(model, layer_glue, device)
         layer = cache.k[0]
         cfg = model.config
         heads = cfg.num_attention_heads
@@ -142,6 +145,7 @@ class HFExecutor:
             "linears": self.linears.said("packed", "stock"),
             "decode_attention": self.decode.said("paged_kernel", "gather_sdpa"),
             "argmax": self.greedy.said("kernel", "torch"),
+            "layer_glue": self.glue.said("fused", "eager"),
             # A GPU runs its queue while the engine's host work goes on (deferred output
             # lets it); a CPU's forward runs on the host's own cores.
             "overlap": "host and device" if self.device.type == "cuda" else "none",

@@ -12,7 +12,7 @@ machine falls on both sides), and kept for the process.
 
 Each choice is reported (`HFExecutor.describe`, so `metrics.json` and MLflow): what runs, how
 it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel` /
-`engine.argmax_kernel`, or
+`engine.argmax_kernel`, `engine.layer_glue`, or
 `unavailable` with the reason) and the timings it was decided on.
 """
 
@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.executors.kernels import argmax
+from framework.executors import layer_glue
+from framework.executors.kernels import argmax, glue
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
 
@@ -236,3 +237,62 @@ def _measured_argmax(vocab: int, threads: int) -> Choice:
         "torch",
         f"at {rows} rows x {vocab}",
     )
+
+
+# ---- the layer glue: RMSNorm, rotary, SiLU-and-multiply -----------------------------------
+def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
+    """nanoserve's fused glue operators in the model's norms, attention and MLPs, or Hugging
+    Face's eager chains; and do it (or undo it) on this model object. The same bits either
+    way (`framework/executors/layer_glue.py`), so only the time differs."""
+    want = setting(value, "layer_glue")
+    dtype = next(model.parameters()).dtype
+    reason = glue.why_not(device, dtype)
+    if reason is None and not layer_glue.glue_modules(model):
+        reason = "no module of a kind the fused operators reproduce (Llama's)"
+    if want is False or reason is not None:
+        layer_glue.remove_glue(model)
+        return Choice(False, "set", "") if want is False else Choice(False, "unavailable", reason)
+    if want:
+        layer_glue.install_glue(model)
+        return Choice(True, "set", "")
+    cfg = model.config
+    choice = _measured_glue(
+        dtype, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+        cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    layer_glue.install_glue(model) if choice.use else layer_glue.remove_glue(model)
+    return choice
+
+
+@functools.lru_cache(maxsize=16)
+@torch.inference_mode()
+def _measured_glue(
+    dtype: torch.dtype, hidden: int, inter: int, heads: int, kv: int, dim: int, threads: int
+) -> Choice:
+    """One layer's glue (two norms, rotary on q and k, SiLU-and-multiply) at 1 and 16 rows,
+    fused and eager (Hugging Face's own functions)."""
+    from transformers.models.llama import modeling_llama as llama
+
+    norm = llama.LlamaRMSNorm(hidden).to(dtype)
+    cases = []
+    for rows in (1, 16):
+        gen = torch.Generator().manual_seed(rows)
+        x = torch.randn(1, rows, hidden, generator=gen).to(dtype)
+        q = torch.randn(1, rows, heads, dim, generator=gen).to(dtype).transpose(1, 2)
+        k = torch.randn(1, rows, kv, dim, generator=gen).to(dtype).transpose(1, 2)
+        cos = torch.randn(1, rows, dim, generator=gen).to(dtype)
+        g, u = (torch.randn(1, rows, inter, generator=gen).to(dtype) for _ in range(2))
+        cases.append((x, q, k, cos, g, u))
+
+    def eager() -> None:
+        for x, q, k, cos, g, u in cases:
+            norm(x), norm(x), llama.apply_rotary_pos_emb(q, k, cos, cos), F.silu(g) * u
+
+    def fused() -> None:
+        w, eps = norm.weight, norm.variance_epsilon
+        for x, q, k, cos, g, u in cases:
+            glue.rms_norm(x, w, eps), glue.rms_norm(x, w, eps)
+            glue.rotary(q, k, cos, cos), glue.silu_mul(g, u)
+
+    return _kernel_or(fused, eager, "eager", "a layer's glue at 1 and 16 rows")

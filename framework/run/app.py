@@ -173,6 +173,7 @@ def build_engine(
             packed_linears=e.packed_linears,
             paged_kernel=e.paged_kernel,
             argmax_kernel=e.argmax_kernel,
+            layer_glue=e.layer_glue,
         )
         clock, scratch = WallClock(), cache.scratch_block
     return Engine(

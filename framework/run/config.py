@@ -40,6 +40,10 @@ class EngineConfig:
     # CPU: greedy rows' argmax over the vocabulary with nanoserve's C++ kernel (the same
     # index as torch.argmax, several times faster on a large vocabulary), or torch.argmax.
     argmax_kernel: Any = "auto"
+    # CPU fp32 / bf16: each RMSNorm, the rotary embedding and the MLP's SiLU-and-multiply as
+    # one C++ operator each (framework/executors/layer_glue.py; the same bits as the eager
+    # modules), or Hugging Face's eager operator chains.
+    layer_glue: Any = "auto"
 
 
 @dataclass
@@ -195,7 +199,7 @@ def check_engine(e: Any) -> None:
         )
     if e.num_blocks is None and e.kv_memory_mb <= 0:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
-    for name in ("packed_linears", "paged_kernel", "argmax_kernel"):
+    for name in ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue"):
         setting(e[name], name)  # auto, true or false
     if e.max_num_batched_tokens < e.max_num_seqs:
         raise ValueError(

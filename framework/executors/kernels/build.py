@@ -16,12 +16,14 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp")
+SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp", HERE / "glue.cpp")
 # -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the
 # extension itself is compiled with OpenMP; without it the kernels used one core whatever
 # torch's thread count (measurably slower on 2 cores at 16-64 rows). The loop then runs on the
 # libgomp torch already loaded (one pool, sized by torch.set_num_threads).
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+# -ffp-contract=off: a multiply and an add stay two roundings, as in eager PyTorch, so the
+# layer glue (`glue.cpp`) gives eager's bits (the other kernels write their FMAs explicitly).
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
 LDFLAGS = ["-fopenmp"]
 
 
