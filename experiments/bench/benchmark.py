@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> Path:
         **{
             f"kernels ({p.dtype})": f"linears {p.kernels.get('linears', '?')}; decode "
             f"attention {p.kernels.get('decode_attention', '?')}; argmax "
-            f"{p.kernels.get('argmax', '?')}"
+            f"{p.kernels.get('argmax', '?')}; layer glue {p.kernels.get('layer_glue', '?')}"
             for p in passes
         },
         **{f"open-loop rate ({p.dtype})": p.rate_note or "(not run)" for p in passes},
