@@ -107,6 +107,7 @@ def test_cli_writes_every_result_file(tmp_path: Path) -> None:
         ("engine.packed_linears=maybe", "engine.packed_linears must be auto (chosen by a"),
         ("engine.paged_kernel=2", "engine.paged_kernel must be auto (chosen by a"),
         ("engine.argmax_kernel=no", "engine.argmax_kernel must be auto (chosen by a"),
+        ("engine.layer_glue=no", "engine.layer_glue must be auto (chosen by a"),
         ("print_limit=-1", "print_limit must be >= 0 (or null: every answer)"),
         ("mlflow.max_step_points=1", "mlflow.max_step_points must be >= 2"),
         ("mlflow.max_artifact_mb=-1", "mlflow.max_artifact_mb must be >= 0 (or null: every"),
