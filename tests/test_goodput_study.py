@@ -16,24 +16,25 @@ from framework.run.errors import UserError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
-    """Two layouts of the 4 GPUs on 200 chat-like requests: a table row each, with its
-    goodput, the pools it has and, disaggregated, its transfers; each search's probes
-    kept apart in the sweep folder."""
+def study(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`python run.py -m +experiment=disaggregation OVERRIDES` into a sweep folder of its own
+    (no observers, MLflow in the test's folder); the finished process and the folder."""
     sweep = tmp_path / "sweep"
     args = [
-        sys.executable, "run.py", "-m", "+experiment=disaggregation",
-        "workload=azure_conv_poisson", "workload.limit=200", "layout=colocated,p1d3_ethernet",
-        "hydra.callbacks.study.max_probes=5", "workload.rate=32",
+        sys.executable, "run.py", "-m", "+experiment=disaggregation", *overrides,
         "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
     ]  # fmt: skip
-    done = subprocess.run(
-        args,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return done, sweep
+
+
+def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
+    """Two layouts of the 4 GPUs on 200 chat-like requests: a table row each, with its
+    goodput, the pools it has and, disaggregated, its transfers."""
+    done, sweep = study(
+        tmp_path, "workload=azure_conv_poisson", "workload.limit=200",
+        "layout=colocated,p1d3_ethernet", "hydra.callbacks.study.max_probes=5", "workload.rate=32",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "study disaggregation:" in done.stdout
     with (sweep / "disaggregation.csv").open() as f:
@@ -53,19 +54,10 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
 
 
 def test_a_workload_without_an_slo_is_refused_by_name(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    args = [
-        sys.executable, "run.py", "-m", "+experiment=disaggregation", "workload=arxiv_poisson",
-        "workload.limit=20", "layout=colocated", "~hydra.callbacks.study.slo.arxiv_poisson",
-        "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
-    ]  # fmt: skip
-    done = subprocess.run(
-        args,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done, sweep = study(
+        tmp_path, "workload=arxiv_poisson", "workload.limit=20", "layout=colocated",
+        "~hydra.callbacks.study.slo.arxiv_poisson",
+    )  # fmt: skip
     assert done.returncode != 0
     assert "no SLO for workload=arxiv_poisson" in done.stderr
     assert "hydra.callbacks.study.slo.arxiv_poisson=[TTFT_S,TPOT_S]" in done.stderr
