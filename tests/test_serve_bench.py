@@ -18,18 +18,20 @@ def test_guidellm_against_the_server_beside_its_own_figures(tmp_path: Path) -> N
 
     main(
         [
-            "--quick", "--concurrency", "2", "--requests", "4", "--seconds", "30",
+            "--quick", "--concurrency", "1,4", "--requests", "4", "--seconds", "30",
             "--prompt-tokens", "24", "--output-tokens", "6", "--out", str(tmp_path),
             "engine.packed_linears=false", "engine.paged_kernel=false",
-            "engine.argmax_kernel=false",
+            "engine.argmax_kernel=false", "engine.layer_glue=false",
         ]
     )  # fmt: skip
-    (row,) = json.loads((tmp_path / "serve_bench.json").read_text())
-    assert row["concurrency"] == 2 and row["requests"] == 4
-    # The client's clock starts before the server's and stops after it: never less.
-    assert row["ttft_diff_p50"] >= 0
-    assert row["client_ttft_p50"] >= row["server_ttft_p50"] > 0
-    assert row["server_itl_mean"] > 0
-    assert "| 2 | 4 |" in (tmp_path / "serve_bench.md").read_text()
+    rows = json.loads((tmp_path / "serve_bench.json").read_text())
+    assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 4), (4, 4)]
+    for row in rows:
+        # The client's clock starts before the server's and stops after it: never less.
+        assert row["ttft_diff_p50"] >= 0
+        assert row["client_ttft_p50"] >= row["server_ttft_p50"] > 0
+        assert row["server_itl_mean"] > 0
+    table = (tmp_path / "serve_bench.md").read_text()
+    assert "| 1 | 4 |" in table and "| 4 | 4 |" in table
     metrics = json.loads((tmp_path / "server" / "metrics.json").read_text())
-    assert metrics["requests_finished"] == 4 and metrics["incomplete"] is False
+    assert metrics["requests_finished"] == 8 and metrics["incomplete"] is False
