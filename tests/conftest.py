@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from hydra.core.config_store import ConfigStore
 from hypothesis import HealthCheck, settings
 
+import framework.api.registry
+from framework.api import ClusterView, RequestSpec, Router, RouterConfig, hookimpl
+from framework.api.registry import Registry
 from framework.executors.model_loader import TinySpec, load_model
 
 # Property tests (tests/test_properties.py). `default`: few examples, derandomized (the same
@@ -70,3 +75,31 @@ def _mlflow_store(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     yield
     mp.undo()
+
+
+# A third party's routers, as if installed (the cluster's and disaggregation's tests).
+class AlwaysLast(Router):
+    def route(self, view: ClusterView, request: RequestSpec) -> int:
+        return len(view) - 1
+
+
+class OffTheEnd(Router):
+    def route(self, view: ClusterView, request: RequestSpec) -> int:
+        return len(view)
+
+
+@pytest.fixture
+def router_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process registry plus a third party's routers, as if installed."""
+    reg = Registry.from_entry_points()
+    module = types.ModuleType("routers_ext")
+
+    def register_routers(register: Any) -> None:
+        register("always_last", AlwaysLast, RouterConfig)
+        register("off_the_end", OffTheEnd, RouterConfig)
+
+    module.register_routers = hookimpl(register_routers)  # type: ignore[attr-defined]
+    reg.add_plugin(module, "routers_ext", "nanoserve-routers-ext")
+    reg.store_configs(ConfigStore.instance())
+    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
+    yield

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra.core.config_store import ConfigStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import framework.api.registry
-from framework.api import ClusterView, RequestSpec, Router, RouterConfig, hookimpl
+from framework.api import ClusterView, RequestSpec, RouterConfig
 from framework.api.policy import PolicyError
-from framework.api.registry import Registry, registry
+from framework.api.registry import registry
 from framework.engine.cluster import Cluster
 from framework.engine.request import SamplingParams
 from framework.run.app import build_runner, load
@@ -177,33 +174,6 @@ def test_each_load_router_reads_its_own_measure() -> None:
     picks = [p2.route(view, request) for _ in range(20)]
     assert picks == [again.route(view, request) for _ in range(20)]
     assert 0 not in picks  # replica 0 is the more loaded of any pair it is drawn in
-
-
-class AlwaysLast(Router):
-    def route(self, view: ClusterView, request: RequestSpec) -> int:
-        return len(view) - 1
-
-
-class OffTheEnd(Router):
-    def route(self, view: ClusterView, request: RequestSpec) -> int:
-        return len(view)
-
-
-@pytest.fixture
-def router_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process registry plus a third party's routers, as if installed."""
-    reg = Registry.from_entry_points()
-    module = types.ModuleType("routers_ext")
-
-    def register_routers(register: Any) -> None:
-        register("always_last", AlwaysLast, RouterConfig)
-        register("off_the_end", OffTheEnd, RouterConfig)
-
-    module.register_routers = hookimpl(register_routers)  # type: ignore[attr-defined]
-    reg.add_plugin(module, "routers_ext", "nanoserve-routers-ext")
-    reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
-    yield
 
 
 @pytest.mark.usefixtures("router_plugin")

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import csv
 import json
-import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra.core.config_store import ConfigStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import framework.api.registry
-from framework.api import ClusterView, RequestSpec, Router, RouterConfig, hookimpl
+from framework.api import RequestSpec
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
-from framework.api.registry import Registry, registry
+from framework.api.registry import registry
 from framework.engine.link import Link, Overlap, Transfer, overlapped_bytes
 from framework.engine.request import SamplingParams
 from framework.engine.sequence import Status
@@ -340,27 +336,7 @@ def test_a_decode_replica_that_always_declines_stops_the_run_by_name(
         run.run([spec(0, [3, 4, 5], 4)], shape[1].eos_token_id)
 
 
-class OffTheEnd(Router):
-    def route(self, view: ClusterView, request: RequestSpec) -> int:
-        return len(view)
-
-
-@pytest.fixture
-def off_the_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    reg = Registry.from_entry_points()
-    module = types.ModuleType("routers_off")
-
-    def register_routers(register: Any) -> None:
-        register("off_the_end", OffTheEnd, RouterConfig)
-
-    module.register_routers = hookimpl(register_routers)  # type: ignore[attr-defined]
-    reg.add_plugin(module, "routers_off", "nanoserve-routers-off")
-    reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
-    yield
-
-
-@pytest.mark.usefixtures("off_the_end")
+@pytest.mark.usefixtures("router_plugin")
 def test_a_decode_choice_out_of_range_is_stopped_by_name(shape: tuple[Any, Any]) -> None:
     run = runner(
         shape, "cluster.replicas=3", "cluster.roles=[prefill,decode,mixed]",
@@ -368,7 +344,7 @@ def test_a_decode_choice_out_of_range_is_stopped_by_name(shape: tuple[Any, Any])
     )  # fmt: skip
     with pytest.raises(
         PolicyError,
-        match=r"router policy 'off_the_end' \(nanoserve-routers-off\) \(router\.decode\): "
+        match=r"router policy 'off_the_end' \(nanoserve-routers-ext\) \(router\.decode\): "
         r"chose 2 for r0's decode; its view has decode-capable replicas 0\.\.1",
     ):
         run.run([spec(0, [3, 4], 3)], shape[1].eos_token_id)
