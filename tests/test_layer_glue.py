@@ -128,7 +128,7 @@ def test_engine_tokens_are_the_same_with_and_without_the_glue(dtype) -> None:
 def test_choice_installs_and_removes(tiny) -> None:
     model, _ = tiny
     n = layer_glue.glue_modules(model)
-    assert n == 2 * (2 + 1 + 1) + 1  # per layer two norms, the attention, the MLP; the last norm
+    assert n == 1 + 2 * (1 + 2 + 1 + 1) + 1  # the model; a layer, its norms, attention, MLP; a norm
     try:
         assert kc.choose_glue(model, "true", CPU) == kc.Choice(True, "set", "")
         assert sum(hasattr(m, layer_glue.MARK) for m in model.modules()) == n

@@ -140,6 +140,7 @@ class LinearClock:
 
     def __init__(self, model: Any, rows: int) -> None:
         self.model, self.rows, self.seconds, self.on = model, rows, 0.0, False
+        self.steps = 0  # forwards of `rows` query tokens seen
         self._t = 0.0
         self._handles: list[Any] = []
 
@@ -147,6 +148,7 @@ class LinearClock:
         def step(_m: Any, args: Any, kwargs: Any) -> None:
             ids = kwargs.get("input_ids", args[0] if args else None)
             self.on = ids is not None and ids.numel() == self.rows
+            self.steps += self.on
 
         def pre(_m: Any, _args: Any) -> None:
             self._t = time.perf_counter()
@@ -164,6 +166,10 @@ class LinearClock:
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
+
+    def per_step(self) -> float | None:
+        """The Linear layers' seconds in one forward of `rows` query tokens."""
+        return self.seconds / self.steps if self.steps and self.seconds else None
 
 
 def decode_weights(model: Any) -> tuple[int, int]:
@@ -244,18 +250,23 @@ def probe(
     bandwidth = memory_bandwidth(mb, repeats, device)
     gflops = matmul_rate(matmul_n, repeats, device, model.dtype)
     size, n = decode_weights(model)
+    # Each size twice: once for the steps' walls, once with the Linear layers clocked in
+    # place (the clock's hooks cost each step about a millisecond of their own, which is the
+    # probe's, not the engine's).
+    _, one = run_same(1)
     with LinearClock(model, 1) as clock1:
-        _, one = run_same(1)
+        run_same(1)
+    _, big = run_same(max_batch)
     with LinearClock(model, max_batch) as clock:
-        _, big = run_same(max_batch)
+        run_same(max_batch)
     specs8, eight = run_same(8)
     b1 = median([step_wall(st) for st in decode_steps(one, 1)])
-    solo = sum(step_wall(st) for st in decode_steps(one, 1))
-    b1_linear = clock1.seconds / len(decode_steps(one, 1)) if solo and clock1.seconds else None
+    b1_linear = clock1.per_step()
     full = decode_steps(big, max_batch)
     big_tps = median([max_batch / step_wall(st) for st in full])
-    in_steps = sum(step_wall(st) for st in full)
-    outside = 1.0 - clock.seconds / in_steps if in_steps and clock.seconds else None
+    big_linear = clock.per_step()
+    big_step = mean([step_wall(st) for st in full])
+    outside = 1.0 - big_linear / big_step if big_step and big_linear else None
     at8 = decode_steps(eight, 8)
     prompts8 = [s.prompt_token_ids for s in specs8]
     dense = dense_decode_s(model, prompts8, len(at8), stock=False)

@@ -43,21 +43,21 @@ COLUMNS = (
     "note",
 )
 TARGETS = {  # the goals, per dtype: name -> (goal, its test of the measured value, its unit)
-    "throughput vs hf_static, queued Azure slice": (">= 2.5x", lambda v: v >= 2.5, "x"),
-    "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v: v >= 2.0, "x"),
-    "throughput vs hf_static, 48 chat prompts": (">= 2.5x", lambda v: v >= 2.5, "x"),
-    "throughput vs hf_cb, 48 chat prompts": (">= 2x", lambda v: v >= 2.0, "x"),
+    "throughput vs hf_static, queued Azure slice": (">= 2.5x", lambda v, _: v >= 2.5, "x"),
+    "throughput vs hf_cb, queued Azure slice": (">= 2x", lambda v, _: v >= 2.0, "x"),
+    "throughput vs hf_static, 48 chat prompts": (">= 2.5x", lambda v, _: v >= 2.5, "x"),
+    "throughput vs hf_cb, 48 chat prompts": (">= 2x", lambda v, _: v >= 2.0, "x"),
     "time outside the Linear layers, largest-batch decode step": (
-        "<= 25% (fp32)",
-        lambda v: v <= 0.25,
+        "<= 20% (fp32), <= 30% (bf16)",
+        lambda v, dtype: v <= (0.30 if dtype == "bfloat16" else 0.20),
         "%",
     ),
-    "batch-1 decode step vs its Linear layers": ("<= 1.5x", lambda v: v <= 1.5, "x"),
-    "largest-batch throughput vs the Linear layers alone": (">= 60%", lambda v: v >= 0.6, "%"),
-    "host overhead at batch 8": ("<= 5% of a step", lambda v: v <= 0.05, "%"),
-    "paged vs dense forward at batch 8": ("<= 1.1x", lambda v: v <= 1.1, "x"),
-    "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v: v <= 1.5, "x"),
-    "largest-batch throughput vs compute ceiling": (">= 60%", lambda v: v >= 0.6, "%"),
+    "batch-1 decode step vs its Linear layers": ("<= 1.3x", lambda v, _: v <= 1.3, "x"),
+    "largest-batch throughput vs the Linear layers alone": (">= 60%", lambda v, _: v >= 0.6, "%"),
+    "host overhead at batch 8": ("<= 5% of a step", lambda v, _: v <= 0.05, "%"),
+    "paged vs dense forward at batch 8": ("<= 1.1x", lambda v, _: v <= 1.1, "x"),
+    "batch-1 decode step vs bandwidth floor": ("<= 1.5x", lambda v, _: v <= 1.5, "x"),
+    "largest-batch throughput vs compute ceiling": (">= 60%", lambda v, _: v >= 0.6, "%"),
 }
 ACROSS = {  # the goals across dtypes, in one run
     "default job, bfloat16 vs float32 tokens/s": (">= 1.5x", lambda v: v >= 1.5, "x"),
@@ -157,10 +157,11 @@ def target_lines(rows: list[dict[str, Any]], machine: Probe | None) -> list[str]
         "| target | measured | goal | met | the Linear layers alone |",
         "|---|---|---|---|---|",
     ]
+    dtype = machine.dtype if machine else ""
     for name, value in targets(rows, machine):
         goal, ok, unit = TARGETS[name]
-        met = "n/a" if value is None else ("met" if ok(value) else "not met")
-        if met == "not met" and name in bounds and not ok(bounds[name]):
+        met = "n/a" if value is None else ("met" if ok(value, dtype) else "not met")
+        if met == "not met" and name in bounds and not ok(bounds[name], dtype):
             met += ", out of reach: past the Linear layers alone"
         bound = shown(bounds[name], unit) if name in bounds else ""
         lines.append(f"| {name} | {shown(value, unit)} | {goal} | {met} | {bound} |")

@@ -1,6 +1,7 @@
-"""The decoder layer's glue through nanoserve's fused operators (`kernels/glue.cpp`): each
-RMSNorm, the rotary embedding of q and k, and the MLP's SiLU-and-multiply become one operator
-call each, on the model's own modules, with the same bits as the eager modules.
+"""Which of a model's modules run nanoserve's fused forwards (`fused_llama.py`), and putting
+them in and taking them out: RMSNorm, the residual adds, the rotary embedding, the MLP's
+SiLU-and-multiply and a decode step's attention as single operators, with the eager modules'
+bits.
 
 Why: a SmolLM2 decode step runs about 40 small operators a layer besides its Linear layers;
 from Python each costs its dispatch whatever its size, so at batch 1 they made the step 1.4x
@@ -16,67 +17,44 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
-from framework.executors.kernels import glue
+from framework.executors import fused_llama
 
 MARK = "_nanoserve_glue"
+MODELS = ("LlamaModel",)  # embedding, layers, final norm
+LAYERS = ("LlamaDecoderLayer",)  # norm, attention, add; norm, MLP, add
 NORMS = ("LlamaRMSNorm",)  # weight * (x * rsqrt(mean(x^2) + eps)), the norm in fp32
 MLPS = ("LlamaMLP",)  # down(act(gate(x)) * up(x))
 ATTENTIONS = ("LlamaAttention",)  # q/k/v projections, rotary, attention interface, o_proj
 
 
-def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return glue.rms_norm(x, self.weight, self.variance_epsilon)
-
-
-def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(glue.silu_mul(self.gate_proj(x), self.up_proj(x)))
-
-
-def _attention_forward(
-    self: nn.Module,
-    hidden_states: torch.Tensor,
-    position_embeddings: tuple[torch.Tensor, torch.Tensor],
-    attention_mask: torch.Tensor | None = None,
-    cache: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, Any]:
-    """Llama's attention forward with the rotary embedding as one operator (for one packed
-    sequence, as the engine runs it; a padded batch takes the eager rotary)."""
-    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-    q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
-    k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    if q.shape[0] == 1 and cos.shape[0] == 1:
-        q, k = glue.rotary(q, k, cos, sin)
-    else:
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    if cache is not None:
-        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
-    impl = self.config._attn_implementation
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
-    out, weights = attend(
-        self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs
-    )
-    out = out.reshape(*hidden_states.shape[:-1], -1).contiguous()
-    return self.o_proj(out), weights
-
-
 def _forward_for(module: nn.Module, model: nn.Module) -> Any:
     """The fused forward for `module`, or None where its arithmetic is not the operators'."""
     name = type(module).__name__
+    if name in MODELS and _all_llama(module):
+        return fused_llama.model_forward
+    if name in LAYERS:
+        return fused_llama.layer_forward
     if name in NORMS:
-        return _norm_forward
+        return fused_llama.norm_forward
     if name in MLPS and getattr(model.config, "hidden_act", None) == "silu":
-        return _mlp_forward
+        return fused_llama.mlp_forward
     if name in ATTENTIONS:  # any rope type: its scaling is in cos and sin, not in the rotation
-        return _attention_forward
+        return fused_llama.attention_forward
     return None
+
+
+def _all_llama(model: nn.Module) -> bool:
+    """Whether every layer and norm of a model is Llama's own, as the fused loop assumes."""
+    layers = getattr(model, "layers", ())
+    return type(getattr(model, "norm", None)).__name__ in NORMS and all(
+        type(layer).__name__ in LAYERS
+        and type(layer.input_layernorm).__name__ in NORMS
+        and type(layer.post_attention_layernorm).__name__ in NORMS
+        and type(layer.self_attn).__name__ in ATTENTIONS
+        for layer in layers
+    )
 
 
 def glue_modules(model: nn.Module) -> int:

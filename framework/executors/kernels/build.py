@@ -11,12 +11,16 @@ build 68 s) and cached under PyTorch's extensions directory (`TORCH_EXTENSIONS_D
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "paged_decode.cpp", HERE / "argmax.cpp", HERE / "glue.cpp")
+SOURCES = tuple(
+    HERE / name for name in ("paged_decode.cpp", "argmax.cpp", "glue.cpp", "decode_attention.cpp")
+)
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 # -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the
 # extension itself is compiled with OpenMP; without it the kernels used one core whatever
 # torch's thread count (measurably slower on 2 cores at 16-64 rows). The loop then runs on the
@@ -41,11 +45,14 @@ def build_error() -> str | None:
     """Compile and load the kernels once per process; the error, if that failed."""
     from torch.utils.cpp_extension import load
 
+    # PyTorch rebuilds when a source or a flag changes, not a header: the headers' digest is a
+    # flag, so that editing one rebuilds too.
+    digest = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]
     try:
         load(
             "nanoserve_cpu_kernels",
             [str(s) for s in SOURCES],
-            extra_cflags=FLAGS,
+            extra_cflags=[*FLAGS, f"-DNANOSERVE_HEADERS_{digest}"],
             extra_ldflags=LDFLAGS,
             is_python_module=False,
         )

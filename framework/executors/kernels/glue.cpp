@@ -8,23 +8,20 @@
 // Rounding: each gives the same bits as Hugging Face's modules in both dtypes: every product
 // and sum rounded where eager rounds it, in bf16 to bf16 (the build passes -ffp-contract=off so
 // that no multiply and add become one rounding), and RMSNorm's mean of squares taken by
-// ATen's own reduction, whose summation order is eager's.
+// ATen's own sum, whose summation order is eager's.
+#include "glue_math.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <tuple>
 
 namespace {
 
-inline float widen(float x) { return x; }
-inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
-
-// A value as the tensor's dtype rounds it, read back as fp32: what eager keeps between ops.
-template <typename T>
-inline float round_as(float x) {
-  return static_cast<float>(static_cast<T>(x));
-}
+using nanoserve::round_as;
+using nanoserve::widen;
 
 // Rows of `n` values, each scaled by 1 / sqrt(its mean square + eps) and the weight.
 template <typename T>
@@ -49,47 +46,97 @@ void check_dtype(const at::Tensor& t, const char* what) {
               what, ": float32 or bfloat16 only");
 }
 
+// Each row's mean square, in fp32, with eager's bits: `x.to(float32).pow(2).mean(-1)` is, on
+// the CPU, the squares (pow by 2 is x * x), ATen's sum over the last dim, then a division by
+// the width. The squares and the division are ours; the sum is ATen's own, so that its order
+// (which depends on the CPU's vector width) is eager's.
+template <typename T>
+at::Tensor mean_squares(const T* x, int64_t rows, int64_t n) {
+  at::Tensor sq = at::empty({rows, n}, at::TensorOptions().dtype(at::kFloat));
+  float* q = sq.data_ptr<float>();
+  for (int64_t i = 0; i < rows * n; ++i) {
+    const float v = widen(x[i]);
+    q[i] = v * v;
+  }
+  at::Tensor var = at::sum(sq, -1);
+  float* vp = var.data_ptr<float>();
+  const float width = static_cast<float>(n);
+  for (int64_t r = 0; r < rows; ++r) vp[r] = vp[r] / width;
+  return var;
+}
+
+template <typename T>
+void norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps) {
+  const at::Tensor var = mean_squares<T>(x, rows, n);
+  rms_rows<T>(x, var.data_ptr<float>(), w, out, rows, n, eps);
+}
+
+void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* what) {
+  check_dtype(x, what);
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.dim() == 1 &&
+                  weight.size(0) == x.size(-1),
+              what, ": a weight of the input's dtype and last size");
+}
+
 }  // namespace
 
 // RMSNorm over the last dim, as Llama's (weight * normed, the norm in fp32): x [..., n].
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
-  check_dtype(x_in, "rms_norm kernel");
-  TORCH_CHECK(weight.scalar_type() == x_in.scalar_type() && weight.dim() == 1 &&
-                  weight.size(0) == x_in.size(-1),
-              "rms_norm kernel: a weight of the input's dtype and last size");
+  check_norm(x_in, weight, "rms_norm kernel");
   const at::Tensor x = x_in.contiguous();
   const at::Tensor w = weight.contiguous();
   const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
   at::Tensor out = at::empty_like(x);
   if (rows == 0) return out;
-  // The mean of squares by ATen's own reduction, so that the sum's order (and so every bit)
-  // is eager's; the rest is one pass.
-  const at::Tensor var = x.to(at::kFloat).pow(2).mean(-1).contiguous();
-  const float* vp = var.data_ptr<float>();
-  if (x.scalar_type() == at::kFloat) {
-    rms_rows<float>(x.data_ptr<float>(), vp, w.data_ptr<float>(), out.data_ptr<float>(), rows, n,
-                    static_cast<float>(eps));
-  } else {
-    rms_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), vp, w.data_ptr<at::BFloat16>(),
-                           out.data_ptr<at::BFloat16>(), rows, n, static_cast<float>(eps));
-  }
+  if (x.scalar_type() == at::kFloat)
+    norm_rows<float>(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), rows, n,
+                     static_cast<float>(eps));
+  else
+    norm_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(),
+                            out.data_ptr<at::BFloat16>(), rows, n, static_cast<float>(eps));
   return out;
 }
 
 namespace {
 
-// One head's rotary: out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
 template <typename T>
-inline void rotate(const T* x, const T* c, const T* s, T* o, int64_t d) {
-  const int64_t h = d / 2;
-  for (int64_t i = 0; i < d; ++i) {
-    const float xi = widen(x[i]);
-    const float rot = i < h ? -widen(x[i + h]) : widen(x[i - h]);
-    const float a = round_as<T>(xi * widen(c[i]));
-    const float b = round_as<T>(rot * widen(s[i]));
-    o[i] = static_cast<T>(a + b);
-  }
+void add_rows(const T* x, const T* residual, T* sum, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) sum[i] = static_cast<T>(widen(residual[i]) + widen(x[i]));
 }
+
+}  // namespace
+
+// The decoder layer's residual add and the next RMSNorm in one call: (norm(residual + x),
+// residual + x), the sum rounded to the dtype as eager's add rounds it.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in,
+                                                const at::Tensor& residual_in,
+                                                const at::Tensor& weight, double eps) {
+  check_norm(x_in, weight, "add_rms_norm kernel");
+  TORCH_CHECK(residual_in.scalar_type() == x_in.scalar_type() &&
+                  residual_in.sizes() == x_in.sizes(),
+              "add_rms_norm kernel: x and the residual of one dtype and shape");
+  const at::Tensor x = x_in.contiguous(), residual = residual_in.contiguous();
+  const at::Tensor w = weight.contiguous();
+  const int64_t n = x.size(-1), rows = n ? x.numel() / n : 0;
+  at::Tensor sum = at::empty_like(x), out = at::empty_like(x);
+  if (rows == 0) return {out, sum};
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat) {
+    add_rows<float>(x.data_ptr<float>(), residual.data_ptr<float>(), sum.data_ptr<float>(),
+                    rows * n);
+    norm_rows<float>(sum.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), rows, n,
+                     e);
+  } else {
+    using B = at::BFloat16;
+    add_rows<B>(x.data_ptr<B>(), residual.data_ptr<B>(), sum.data_ptr<B>(), rows * n);
+    norm_rows<B>(sum.data_ptr<B>(), w.data_ptr<B>(), out.data_ptr<B>(), rows, n, e);
+  }
+  return {out, sum};
+}
+
+namespace {
+
+using nanoserve::rotate;
 
 // x [1, H, T, D] with strides (any, sH, sT, 1); cos, sin [1, T, D] contiguous. out: the same
 // shape laid out as [T, H, D] (what the paged attention reads token by token).
@@ -105,7 +152,7 @@ at::Tensor rotary_one(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   at::parallel_for(0, tokens * heads, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / heads, hd = i % heads;
-      rotate<T>(xp + t * st + hd * sh, cp + t * d, sp + t * d, op + i * d, d);
+      rotate<T, T>(xp + t * st + hd * sh, cp + t * d, sp + t * d, op + i * d, d);
     }
   });
   return out.transpose(1, 2);
@@ -151,6 +198,8 @@ TORCH_LIBRARY_FRAGMENT(nanoserve, m) {
   m.impl("rms_norm", c10::kCPU, &rms_norm);
   m.def("rotary(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.impl("rotary", c10::kCPU, &rotary);
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.impl("add_rms_norm", c10::kCPU, &add_rms_norm);
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.impl("silu_mul", c10::kCPU, &silu_mul);
 }

@@ -37,3 +37,11 @@ def rotary(
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up with eager's roundings."""
     return torch.ops.nanoserve.silu_mul(gate, up)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the RMSNorm after it: (rms_norm(residual + x), residual + x),
+    with eager's roundings."""
+    return torch.ops.nanoserve.add_rms_norm(x, residual, weight, eps)

@@ -11,10 +11,12 @@
 // A bf16 cache is widened to fp32 eight values at a time as it is read (a bf16 value is the
 // top half of an fp32 one), so the queries, scores and probabilities stay fp32 and the cache is
 // read at half the bytes; the caller casts the output back.
+#include "paged_decode.h"
+
 #include <ATen/ATen.h>
-#include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <limits>
@@ -41,8 +43,10 @@ inline int64_t first_seen(int64_t len, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, len - window) : 0;
 }
 
-void check(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& table,
-           const at::Tensor& lens) {
+}  // namespace
+
+void nanoserve::check_paged(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& table,
+                            const at::Tensor& lens) {
   TORCH_CHECK(q.scalar_type() == at::kFloat, "paged decode kernel: float32 queries only");
   TORCH_CHECK(kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16,
               "paged decode kernel: a float32 or bfloat16 cache only");
@@ -56,7 +60,7 @@ void check(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& table,
               "paged decode kernel: one block table and length per row");
 }
 
-}  // namespace
+namespace {
 
 // Ask for `bytes` from `p` in the cache ahead of use: each row's blocks lie at random places
 // in the pool, so the hardware prefetcher, which follows a stream within a 4 KB page, cannot
@@ -175,15 +179,25 @@ void scores_into(at::Tensor& s, const at::Tensor& q, const at::Tensor& k,
   });
 }
 
-at::Tensor paged_scores(at::Tensor q, at::Tensor k, at::Tensor table,
-                           at::Tensor lens, int64_t bs, double scale, int64_t window) {
-  check(q, k, table, lens);
-  TORCH_CHECK(q.size(2) == k.size(2), "paged decode kernel: query and key head dims differ");
-  auto s = at::empty({q.size(0), q.size(1), table.size(1) * bs}, q.options());
+}  // namespace
+
+void nanoserve::paged_scores_into(at::Tensor& s, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& table, const at::Tensor& lens, int64_t bs,
+                                  double scale, int64_t window) {
   if (k.scalar_type() == at::kBFloat16)
     scores_into<at::BFloat16>(s, q, k, table, lens, bs, scale, window);
   else
     scores_into<float>(s, q, k, table, lens, bs, scale, window);
+}
+
+namespace {
+
+at::Tensor paged_scores(at::Tensor q, at::Tensor k, at::Tensor table,
+                           at::Tensor lens, int64_t bs, double scale, int64_t window) {
+  nanoserve::check_paged(q, k, table, lens);
+  TORCH_CHECK(q.size(2) == k.size(2), "paged decode kernel: query and key head dims differ");
+  auto s = at::empty({q.size(0), q.size(1), table.size(1) * bs}, q.options());
+  nanoserve::paged_scores_into(s, q, k, table, lens, bs, scale, window);
   return s;
 }
 
@@ -283,17 +297,29 @@ void mix_into(at::Tensor& out, const at::Tensor& probs, const at::Tensor& v,
   });
 }
 
-at::Tensor paged_mix(at::Tensor probs, at::Tensor v, at::Tensor table,
-                        at::Tensor lens, int64_t bs, int64_t window) {
-  check(probs, v, table, lens);
-  // Every output is written (a row that sees no position gets zeros from its empty sum).
-  auto out = at::empty({probs.size(0), probs.size(1), v.size(2)}, probs.options());
+}  // namespace
+
+void nanoserve::paged_mix_into(at::Tensor& out, const at::Tensor& probs, const at::Tensor& v,
+                               const at::Tensor& table, const at::Tensor& lens, int64_t bs,
+                               int64_t window) {
   if (v.scalar_type() == at::kBFloat16)
     mix_into<at::BFloat16>(out, probs, v, table, lens, bs, window);
   else
     mix_into<float>(out, probs, v, table, lens, bs, window);
+}
+
+namespace {
+
+at::Tensor paged_mix(at::Tensor probs, at::Tensor v, at::Tensor table,
+                        at::Tensor lens, int64_t bs, int64_t window) {
+  nanoserve::check_paged(probs, v, table, lens);
+  // Every output is written (a row that sees no position gets zeros from its empty sum).
+  auto out = at::empty({probs.size(0), probs.size(1), v.size(2)}, probs.options());
+  nanoserve::paged_mix_into(out, probs, v, table, lens, bs, window);
   return out;
 }
+
+}  // namespace
 
 TORCH_LIBRARY(nanoserve, m) {
   m.def("paged_scores(Tensor q, Tensor k, Tensor table, Tensor lens, int bs, float scale, "

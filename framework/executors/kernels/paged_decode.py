@@ -69,3 +69,26 @@ def paged_decode(
     scores = ops.paged_scores(qf, k_cache, blocks, lens, block_size, scale, w)
     out = ops.paged_mix(torch.softmax(scores, -1), v_cache, blocks, lens, block_size, w)
     return out.to(q.dtype)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [1, T, Hq * D]: this step's query projections, one decode row a token
+    k: torch.Tensor,  # [1, T, Hkv * D]
+    v: torch.Tensor,
+    cos: torch.Tensor,  # [1, T, D]
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,  # [slots, Hkv, D]: one layer's keys, written at `slots`
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # [T] int64
+    blocks: torch.Tensor,  # [T, nb] int64
+    lens: torch.Tensor,  # T int64, any shape
+    block_size: int,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """A decode-only step's attention for one layer in one call (`decode_attention.cpp`):
+    rotary on q and k, k and v written into their slots, then `paged_decode`'s arithmetic.
+    [1, T, Hq * D] in q's dtype, the same bits as those steps taken one by one."""
+    return torch.ops.nanoserve.decode_attention(
+        q, k, v, cos, sin, k_cache, v_cache, slots, blocks, lens, block_size, scale, window or 0
+    )

@@ -1,0 +1,179 @@
+"""Llama's module forwards through nanoserve's fused operators (`kernels/glue.cpp`,
+`kernels/decode_attention.cpp`), each with the eager module's bits; `layer_glue.py` decides
+which modules get them.
+
+- A norm, the MLP's SiLU-and-multiply and the rotary embedding of q and k: one call each.
+- A step of decode rows alone on the paged kernel: the attention from the q/k/v projections
+  to o's input (rotary, the K/V writes, scores, softmax, values) in one call a layer.
+- The model's layer loop carries the residual from one layer to the next, so every residual
+  add is one call with the norm after it (vLLM's fused add-and-norm), and nothing that the
+  engine's paged attention does not read (the causal mask) is built.
+
+Why: from Python each small operator costs its dispatch and a fresh tensor whatever its size;
+at batch 1 those made a SmolLM2 decode step 1.4x its Linear layers. The Linear layers stay
+module calls (packed or stock, and visible to forward hooks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+
+from framework.executors.kernels import glue
+from framework.executors.kernels.paged_decode import decode_attention
+from framework.executors.paged_attention import ATTN_NAME
+
+
+def norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return glue.rms_norm(x, self.weight, self.variance_epsilon)
+
+
+def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(glue.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def layer_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    use_cache: bool | None = False,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Llama's decoder layer with the residual add after attention and the norm after it in
+    one operator; its submodules run their own (fused) forwards."""
+    first, second = self.input_layernorm, self.post_attention_layernorm
+    h = glue.rms_norm(hidden_states, first.weight, first.variance_epsilon)
+    h, _ = self.self_attn(
+        hidden_states=h,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    h, residual = glue.add_rms_norm(h, hidden_states, second.weight, second.variance_epsilon)
+    return residual + self.mlp(h)
+
+
+def attention_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """Llama's attention forward with the rotary embedding as one operator (for one packed
+    sequence, as the engine runs it; a padded batch takes the eager rotary), and a step of
+    decode rows alone, on the paged kernel, as one operator from the projections to o."""
+    paged = kwargs.get("paged")
+    if (
+        paged is not None
+        and paged.decode_kernel
+        and not paged.prefills
+        and cache is None
+        and self.config._attn_implementation == ATTN_NAME
+    ):
+        cos, sin = position_embeddings
+        layer = self.layer_idx
+        out = decode_attention(
+            self.q_proj(hidden_states),
+            self.k_proj(hidden_states),
+            self.v_proj(hidden_states),
+            cos,
+            sin,
+            paged.cache.k[layer],
+            paged.cache.v[layer],
+            paged.slot_mapping,
+            paged.decode_blocks,
+            paged.decode_lens,
+            paged.cache.block_size,
+            self.scaling,
+            None,
+        )
+        return self.o_proj(out), None
+    shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+    k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    if q.shape[0] == 1 and cos.shape[0] == 1:
+        q, k = glue.rotary(q, k, cos, sin)
+    else:
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if cache is not None:
+        k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+    impl = self.config._attn_implementation
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)
+    out, weights = attend(
+        self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs
+    )
+    out = out.reshape(*hidden_states.shape[:-1], -1).contiguous()
+    return self.o_proj(out), weights
+
+
+def model_forward(
+    self: nn.Module,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    inputs_embeds: torch.Tensor | None = None,
+    use_cache: bool | None = None,
+    **kwargs: Any,
+) -> BaseModelOutputWithPast:
+    """Llama's model forward for the engine's paged step: the embedding, then each layer as
+    norm, attention, norm, MLP with every residual add inside the next norm's call, then the
+    final norm. Any other call (a cache, a mask, embeddings, outputs asked for) is Hugging
+    Face's own forward."""
+    paged = kwargs.get("paged")
+    if (
+        paged is None
+        or len(kwargs) > 1
+        or use_cache
+        or cache is not None
+        or attention_mask is not None
+        or inputs_embeds is not None
+        or input_ids is None
+        or position_ids is None
+    ):
+        return type(self).forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+    h = self.embed_tokens(input_ids)
+    rope = self.rotary_emb(h, position_ids=position_ids)
+    residual = None
+    layers = self.layers
+    for i in range(self.config.num_hidden_layers):
+        layer = layers[i]
+        norm = layer.input_layernorm
+        if residual is None:
+            residual, h = h, glue.rms_norm(h, norm.weight, norm.variance_epsilon)
+        else:
+            h, residual = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+        h, _ = layer.self_attn.forward(h, rope, paged=paged)
+        norm = layer.post_attention_layernorm
+        h, residual = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+        h = layer.mlp.forward(h)
+    norm = self.norm
+    if residual is None:
+        h = glue.rms_norm(h, norm.weight, norm.variance_epsilon)
+    else:
+        h, _ = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+    return BaseModelOutputWithPast(last_hidden_state=h)
