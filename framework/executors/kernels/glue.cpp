@@ -21,6 +21,7 @@
 namespace {
 
 using nanoserve::round_as;
+using nanoserve::store;
 using nanoserve::widen;
 
 // Rows of `n` values, each scaled by 1 / sqrt(its mean square + eps) and the weight.
@@ -35,7 +36,7 @@ void rms_rows(const T* x, const float* var, const T* w, T* out, int64_t rows, in
       for (int64_t k = 0; k < n; ++k) {
         // eager: (x * rsqrt(var + eps)).to(dtype), then weight * that, rounded to dtype
         const float y = round_as<T>(widen(xr[k]) * scale);
-        o[k] = static_cast<T>(widen(w[k]) * y);
+        o[k] = store<T, T>(widen(w[k]) * y);
       }
     }
   });
@@ -101,7 +102,7 @@ namespace {
 
 template <typename T>
 void add_rows(const T* x, const T* residual, T* sum, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) sum[i] = static_cast<T>(widen(residual[i]) + widen(x[i]));
+  for (int64_t i = 0; i < count; ++i) sum[i] = store<T, T>(widen(residual[i]) + widen(x[i]));
 }
 
 }  // namespace
