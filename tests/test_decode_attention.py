@@ -162,6 +162,11 @@ def test_decode_steps_give_hugging_faces_tokens(dtype, monkeypatch) -> None:
 
     monkeypatch.setattr(fused_llama, "decode_attention", counted)
     model, tok = load_model("tiny", None, None, dtype, CPU, TinySpec())
+    hf_loop = []  # calls of Hugging Face's own model loop, which the fused loop replaces
+    own = type(model.model).forward
+    monkeypatch.setattr(
+        type(model.model), "forward", lambda *a, **k: hf_loop.append(1) or own(*a, **k)
+    )
     specs = decode_heavy_specs(tok, 5, 3)
     name = str(dtype).removeprefix("torch.")
     runs = {}
@@ -178,6 +183,8 @@ def test_decode_steps_give_hugging_faces_tokens(dtype, monkeypatch) -> None:
             result = run_engine(cfg, model, tok, specs)
             runs[on] = {s.id: list(s.output_token_ids) for s in result.seqs}
             assert bool(calls) == on  # the fused attention served the decode steps
+            assert bool(hf_loop) != on  # and the fused loop every step
+            hf_loop.clear()
         assert runs[True] == runs[False]
         for s in specs:
             ref = hf_greedy(model, s.prompt_token_ids, s.sampling.max_tokens, None)

@@ -270,8 +270,8 @@ def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
 def _measured_glue(
     dtype: torch.dtype, hidden: int, inter: int, heads: int, kv: int, dim: int, threads: int
 ) -> Choice:
-    """One layer's glue (two norms, rotary on q and k, SiLU-and-multiply) at 1 and 16 rows,
-    fused and eager (Hugging Face's own functions)."""
+    """One layer's glue (a norm, a residual add and a norm, rotary on q and k,
+    SiLU-and-multiply) at 1 and 16 rows, fused and eager (Hugging Face's own functions)."""
     from transformers.models.llama import modeling_llama as llama
 
     norm = llama.LlamaRMSNorm(hidden).to(dtype)
@@ -287,12 +287,12 @@ def _measured_glue(
 
     def eager() -> None:
         for x, q, k, cos, g, u in cases:
-            norm(x), norm(x), llama.apply_rotary_pos_emb(q, k, cos, cos), F.silu(g) * u
+            norm(x), norm(x + x), llama.apply_rotary_pos_emb(q, k, cos, cos), F.silu(g) * u
 
     def fused() -> None:
         w, eps = norm.weight, norm.variance_epsilon
         for x, q, k, cos, g, u in cases:
-            glue.rms_norm(x, w, eps), glue.rms_norm(x, w, eps)
+            glue.rms_norm(x, w, eps), glue.add_rms_norm(x, x, w, eps)
             glue.rotary(q, k, cos, cos), glue.silu_mul(g, u)
 
     return _kernel_or(fused, eager, "eager", "a layer's glue at 1 and 16 rows")
