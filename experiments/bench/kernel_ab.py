@@ -38,13 +38,36 @@ from framework.executors.kernels.paged_decode import FLAGS, SOURCE
 SIZES = ((1, 256), (16, 256), (64, 80), (64, 512), (32, 1024))  # (rows, context)
 
 
-def build(source: str, namespace: str, flags: list[str], folder: Path) -> None:
-    """Compile `source` with its operators under `torch.ops.<namespace>`."""
-    path = folder / f"{namespace}.cpp"
+def build(
+    source: str, headers: dict[str, str], namespace: str, flags: list[str], folder: Path
+) -> None:
+    """Compile `source` (with the kernels' `headers` of the same version beside it) with its
+    operators under `torch.ops.<namespace>`."""
+    own = folder / namespace
+    own.mkdir()
+    for name, text in headers.items():
+        (own / name).write_text(text)
+    path = own / f"{namespace}.cpp"
     path.write_text(source.replace("TORCH_LIBRARY(nanoserve", f"TORCH_LIBRARY({namespace}"))
     ldflags = [f for f in flags if f == "-fopenmp"]  # as the engine links it (LDFLAGS)
     load(f"{namespace}_ext", [str(path)], extra_cflags=flags, extra_ldflags=ldflags,
          is_python_module=False)  # fmt: skip
+
+
+def git_text(ref: str, path: Path) -> str:
+    return subprocess.run(
+        ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def base_headers(ref: str) -> dict[str, str]:
+    """The kernels' headers at `ref` (none before there were any)."""
+    folder = SOURCE.parent.relative_to(ROOT)
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", ref, f"{folder}/"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return {Path(n).name: git_text(ref, Path(n)) for n in names if n.endswith(".h")}
 
 
 def inputs(rows: int, ctx: int, dtype: torch.dtype, seed: int = 0) -> tuple:
@@ -102,13 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rel = SOURCE.relative_to(ROOT)
-    base_src = subprocess.run(
-        ["git", "show", f"{args.base}:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
+    base_src = git_text(args.base, rel)
     base_flags = args.base_flags.split() if args.base_flags is not None else FLAGS
+    ours = {h.name: h.read_text() for h in SOURCE.parent.glob("*.h")}
     with tempfile.TemporaryDirectory() as tmp:
-        build(base_src, "kernel_a", base_flags, Path(tmp))
-        build(SOURCE.read_text(), "kernel_b", FLAGS, Path(tmp))
+        build(base_src, base_headers(args.base), "kernel_a", base_flags, Path(tmp))
+        build(SOURCE.read_text(), ours, "kernel_b", FLAGS, Path(tmp))
     print(
         f"A: {rel} at {args.base} ({' '.join(base_flags)}); B: the working tree "
         f"({' '.join(FLAGS)}); {torch.get_num_threads()} threads"
