@@ -6,6 +6,7 @@ servers started in this process on a free port of 127.0.0.1, each bounded in tim
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import queue
 import threading
@@ -59,11 +60,17 @@ class Served:
         return next(s for s in self.running.loop.engine.seqs if s.id == rid)
 
     def metric(self, name: str) -> float:
+        return self.metrics()[name]
+
+    def metrics(self) -> dict[str, float]:
+        """One scrape: every `nanoserve:` sample without labels' detail, by name."""
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        out = {}
         for line in text.splitlines():
-            if line.startswith(f"nanoserve:{name}{{") or line.startswith(f"nanoserve:{name} "):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(name)
+            if line.startswith("nanoserve:") and not line.startswith("nanoserve:server"):
+                key = line.split(" ", 1)[0].split("{", 1)[0].removeprefix("nanoserve:")
+                out.setdefault(key, float(line.rsplit(" ", 1)[1]))
+        return out
 
 
 @contextmanager
@@ -280,9 +287,37 @@ def test_sixteen_concurrent_streams_finish_with_exact_usage(tiny, tmp_path) -> N
                     use = c.usage
             return rid, use.prompt_tokens, use.completion_tokens, text, finish
 
-        with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(one, range(16)))
+        # /metrics scraped throughout: each scrape one moment of the engine's books.
+        scrapes: list[dict[str, float]] = []
+        done = threading.Event()
+
+        def scrape() -> None:
+            while not done.is_set():
+                scrapes.append(s.metrics())
+
+        scraper = threading.Thread(target=scrape)
+        scraper.start()
+        try:
+            with ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(one, range(16)))
+        finally:
+            done.set()
+            scraper.join(30)
+        assert len(scrapes) > 1
+        counters = ("generation_tokens_total", "prompt_tokens_total", "engine_steps_total")
+        for before, now in itertools.pairwise(scrapes):
+            assert 0 <= now["num_requests_running"] <= 6
+            assert now["num_requests_waiting"] >= 0
+            assert 0 <= now["kv_cache_blocks_used"] <= now["kv_cache_blocks_total"]
+            assert all(now[c] >= before[c] for c in counters)
         assert len({a[0] for a in answers}) == 16
+        total = sum(a[2] for a in answers)
+        deadline = time.monotonic() + 30  # the loop takes its state after the step's tokens
+        while s.metric("generation_tokens_total") < total and time.monotonic() < deadline:
+            time.sleep(0.01)
+        last = s.metrics()
+        assert last["generation_tokens_total"] == total
+        assert last["num_requests_running"] == last["num_requests_waiting"] == 0
         for i, (rid, prompt, completion, text, finish) in enumerate(answers):
             seq = s.seq(rid)
             assert (prompt, completion) == (seq.prompt_len, len(seq.output_token_ids))

@@ -38,13 +38,16 @@ def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None
         port = None
         deadline = time.monotonic() + 120
         assert proc.stdout is not None
+        said = []
         while port is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line and proc.poll() is not None:
                 break
+            said.append(line)
             found = re.search(r"serving tiny on http://127\.0\.0\.1:(\d+)", line)
             port = int(found.group(1)) if found else None
         assert port is not None, proc.stderr.read() if proc.stderr else ""
+        assert said[0].startswith("nanoserve: serving · scheduler="), said  # no request count
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url, timeout=30) as http:
             for n in (3, 5):
@@ -60,6 +63,8 @@ def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
+    assert (tmp_path / "serve.log").is_file()  # the log named after the command
+    assert "Warning" not in err, err[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["requests"] == 2 and metrics["requests_finished"] == 2
     assert metrics["tokens_kept"] == 8 and metrics["incomplete"] is False

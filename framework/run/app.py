@@ -49,7 +49,7 @@ class RunInfo:
 
     config: DictConfig
     output_dir: Path
-    num_requests: int
+    num_requests: int | None  # None: served online, requests arrive while it runs
     result: RunResult | None = None
     summary: dict[str, Any] = field(default_factory=dict)  # metrics.json, once written
     texts: dict[str, str] = field(default_factory=dict)

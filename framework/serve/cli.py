@@ -23,4 +23,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from framework.run.cli import main as run_main
 
-    return run_main(args, serve_http)
+    # The job, and so its log in the run folder, is named after the command (serve.log); an
+    # override the user gives still wins.
+    return run_main(["hydra.job.name=serve", *args], serve_http)

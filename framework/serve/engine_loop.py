@@ -62,6 +62,44 @@ class Stream:
 STOP = object()
 
 
+@dataclass(frozen=True)
+class EngineState:
+    """The engine's numbers that other threads read (`/metrics`, the admission bound), taken
+    together on the loop's thread between steps: the engine's lists and counters change
+    while a step runs, so read directly a scrape could mix two moments."""
+
+    running: int = 0
+    waiting: int = 0  # in the engine, not yet running
+    blocks_used: int = 0
+    blocks_total: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0
+    tokens_kept: int = 0
+    aborted: int = 0
+    overshoot_tokens: int = 0
+    steps: int = 0
+
+    @classmethod
+    def of(cls, e: Engine) -> EngineState:
+        c = e.counters
+        return cls(
+            running=len(e.running),
+            waiting=len(e.waiting) + len(e.pending),
+            blocks_used=e.pool.num_used,
+            blocks_total=e.pool.num_blocks,
+            prefix_query_tokens=c.prefix_query_tokens,
+            prefix_hit_tokens=c.prefix_hit_tokens,
+            preemptions=c.preemptions,
+            prefill_tokens=c.prefill_tokens,
+            tokens_kept=c.tokens_kept,
+            aborted=c.aborted,
+            overshoot_tokens=c.overshoot_tokens,
+            steps=len(e.steps),
+        )
+
+
 class EngineLoop:
     """The engine in its own thread. `submit` and `abort` may be called from any thread;
     everything else about the engine happens in the loop's thread."""
@@ -81,8 +119,10 @@ class EngineLoop:
         self.on_failure = on_failure
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.live: dict[Sequence, Stream] = {}
-        self._queued = 0  # submitted, not yet in the engine
-        self._lock = threading.Lock()
+        self._queued = 0  # submitted, not yet counted in `state`
+        self._taken = 0  # taken into the engine since `state` was last taken
+        self._lock = threading.Lock()  # `_queued` and `state` change together under it
+        self.state = EngineState()
         self._last_arrival = 0.0
         self.closing = False
         self.t0 = time.perf_counter()
@@ -102,11 +142,15 @@ class EngineLoop:
 
     def waiting(self) -> int:
         """Requests not yet running: queued in the engine, or on their way to it."""
-        e = self.engine
-        return len(e.waiting) + len(e.pending) + self._queued
+        with self._lock:
+            return self.state.waiting + self._queued
 
     def running(self) -> int:
-        return len(self.engine.running)
+        return self.state.running
+
+    def snapshot(self) -> EngineState:
+        """The engine's numbers as of the loop's last turn."""
+        return self.state
 
     def submit(self, stream: Stream) -> None:
         with self._lock:
@@ -130,9 +174,11 @@ class EngineLoop:
             e.prepare()
             e.clock.start()
             self.t0 = time.perf_counter()
+            self._take_state()
             self.started.set()
             while True:
                 self._commands(block=not e.has_work)
+                self._take_state()
                 if self.closing and not e.has_work:
                     break
                 if e.has_work:
@@ -140,6 +186,7 @@ class EngineLoop:
                     if self.pace:
                         self._pace()
                     self._publish()
+                    self._take_state()
             self.result = e.finish()
         except BaseException as error:
             self.error = error
@@ -176,9 +223,14 @@ class EngineLoop:
         self._last_arrival = max(self._last_arrival, t)
         return self._last_arrival
 
-    def _submit(self, stream: Stream) -> None:
+    def _take_state(self) -> None:
         with self._lock:
-            self._queued -= 1
+            self.state = EngineState.of(self.engine)
+            self._queued -= self._taken
+            self._taken = 0
+
+    def _submit(self, stream: Stream) -> None:
+        self._taken += 1  # still counted as queued until the state that counts it is taken
         if self.closing:
             stream.put(Event(rejected="the server is shutting down"))
             return

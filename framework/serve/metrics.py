@@ -2,9 +2,9 @@
 
 Names follow vLLM's where the quantity is the same, with the `nanoserve:` prefix instead of
 `vllm:` (dashboards carry over by that one substitution; docs/server.md has the table).
-Gauges and counters are read from the engine when scraped, so they are the engine's own
-books; the latency histograms are filled as requests finish, on the engine's clock (a
-simulation's virtual seconds).
+Gauges and counters are the engine's own books, as the engine's loop took them after its last
+turn (`EngineLoop.snapshot`: all of one moment, never half a step); the latency histograms
+are filled as requests finish, on the engine's clock (a simulation's virtual seconds).
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ class EngineCollector(Collector):
         self.info = info
 
     def collect(self) -> Iterator[Any]:
-        e = self.loop.engine
-        c = e.counters
+        st = self.loop.snapshot()  # one moment: the state the loop took after its last turn
         labels = ["model_name"]
         name = [self.model_name]
 
@@ -56,31 +55,31 @@ class EngineCollector(Collector):
             m.add_metric(name, value)
             return m
 
-        yield gauge("num_requests_running", "Requests in the running batch.", self.loop.running())
+        yield gauge("num_requests_running", "Requests in the running batch.", st.running)
         yield gauge("num_requests_waiting", "Requests waiting to be admitted.", self.loop.waiting())
-        pool = e.pool
-        usage = pool.num_used / pool.num_blocks if pool.num_blocks else 0.0
+        usage = st.blocks_used / st.blocks_total if st.blocks_total else 0.0
         yield gauge("kv_cache_usage_perc", "KV-cache blocks in use, as a fraction (0..1).", usage)
-        yield gauge("kv_cache_blocks_used", "KV-cache blocks in use.", pool.num_used)
-        yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", pool.num_blocks)
+        yield gauge("kv_cache_blocks_used", "KV-cache blocks in use.", st.blocks_used)
+        yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", st.blocks_total)
         yield counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
-            c.prefix_query_tokens,
+            st.prefix_query_tokens,
         )
         yield counter(
-            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", c.prefix_hit_tokens
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", st.prefix_hit_tokens
         )
-        rate = c.prefix_hit_tokens / c.prefix_query_tokens if c.prefix_query_tokens else 0.0
+        queries = st.prefix_query_tokens
+        rate = st.prefix_hit_tokens / queries if queries else 0.0
         yield gauge("prefix_cache_hit_rate", "Prefix-cache hits / queries so far.", rate)
-        yield counter("num_preemptions", "Requests preempted.", c.preemptions)
-        yield counter("prompt_tokens", "Prefill tokens computed.", c.prefill_tokens)
-        yield counter("generation_tokens", "Output tokens delivered.", c.tokens_kept)
-        yield counter("request_aborted", "Requests aborted: their client went away.", c.aborted)
+        yield counter("num_preemptions", "Requests preempted.", st.preemptions)
+        yield counter("prompt_tokens", "Prefill tokens computed.", st.prefill_tokens)
+        yield counter("generation_tokens", "Output tokens delivered.", st.tokens_kept)
+        yield counter("request_aborted", "Requests aborted: their client went away.", st.aborted)
         yield counter(
-            "overshoot_tokens", "Tokens sampled past a stop (deferred output).", c.overshoot_tokens
+            "overshoot_tokens", "Tokens sampled past a stop (deferred output).", st.overshoot_tokens
         )
-        yield counter("engine_steps", "Engine steps run.", len(e.steps))
+        yield counter("engine_steps", "Engine steps run.", st.steps)
         info = InfoMetricFamily(P + "server", "What serves: executor, cost model, profile.")
         info.add_metric([], self.info)
         yield info

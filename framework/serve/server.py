@@ -118,7 +118,7 @@ def serve_http(
         sock = bind(str(cfg.server.host), int(cfg.server.port))
 
     name = model_name(cfg)
-    info = RunInfo(config=cfg, output_dir=output_dir, num_requests=0)
+    info = RunInfo(config=cfg, output_dir=output_dir, num_requests=None)
     said = what_serves(cfg, engine)
     holder: dict[str, Any] = {}
 

@@ -315,7 +315,8 @@ def plot_latency_cdf(requests: list[dict[str, str]], path: Path) -> Path:
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.02)
     ax.set_title("latency CDF", fontsize=10)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # a run that finished no request draws no curve
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 

@@ -85,8 +85,9 @@ class ConsoleObserver:
             self._sweep_position()
             return
         c = run.config
+        what = "serving" if run.num_requests is None else f"{run.num_requests} requests"
         self.console.print(
-            f"[bold]nanoserve[/]: {run.num_requests} requests · scheduler={c.scheduler.name} "
+            f"[bold]nanoserve[/]: {what} · scheduler={c.scheduler.name} "
             f"allocator={c.allocator.name} preemption={c.preemption.name} output={c.output.name} "
             f"model={c.model.source}"
         )
