@@ -74,3 +74,24 @@ def test_bf16_greedy_matches_hf_bf16(bf16, scheduler, allocator, extra) -> None:
             seq.output_token_ids,
             refs[seq.id],
         )
+
+
+def test_bf16_tokens_are_the_same_with_and_without_the_layer_glue(bf16) -> None:
+    """The fused glue gives eager's bits in bf16 too, so the very same tokens (no tie rule);
+    with the paged kernel set, the decode steps run the fused attention."""
+    from framework.executors import layer_glue
+
+    model, tok, specs, _ = bf16
+    runs = {}
+    try:
+        for on in (True, False):
+            cfg = make_cfg(
+                "model=smollm2",
+                "dtype=bfloat16",
+                "engine.paged_kernel=true",
+                f"engine.layer_glue={on}",
+            )
+            runs[on] = {q.id: q.output_token_ids for q in run_engine(cfg, model, tok, specs).seqs}
+    finally:
+        layer_glue.remove_glue(model)
+    assert runs[True] == runs[False]
