@@ -38,11 +38,13 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def step_case(rows: int, heads: int, kv: int, dim: int, bs: int, max_len: int, dtype, seed: int):
-    """One decode step's operands: each row's new token at the end of its context, on blocks
-    drawn at random from a pool with room for every row."""
+def step_case(
+    rows: int, heads: int, kv: int, dim: int, bs: int, max_len: int, dtype, seed: int, lens=None
+):
+    """One decode step's operands: each row's new token at the end of its context (`lens`,
+    or drawn up to `max_len`), on blocks drawn at random from a pool with room for every row."""
     rng = random.Random(seed)
-    lens = [rng.randint(1, max_len) for _ in range(rows)]
+    lens = lens or [rng.randint(1, max_len) for _ in range(rows)]
     per_row = -(-max_len // bs)
     free = list(range(rows * per_row + 2))
     rng.shuffle(free)
@@ -102,6 +104,17 @@ def test_decode_attention_is_its_steps_bit_for_bit(
     assert got.dtype == dtype and got.shape == q.shape
     assert torch.equal(got, ref)
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)  # the same slots written, the same bits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_at_the_longest_context(dtype) -> None:
+    # SmolLM2's shapes at its longest context (8,192 positions) beside a short row.
+    case = step_case(2, 9, 3, 64, 16, 8192, dtype, 5, lens=[8192, 37])
+    q, k, v, cos, sin, kc, vc, slots, blocks, lens = case
+    kc2, vc2 = kc.clone(), vc.clone()
+    ref = one_by_one(q, k, v, cos, sin, kc, vc, slots, blocks, lens, 16, 0.125)
+    got = decode_attention(q, k, v, cos, sin, kc2, vc2, slots, blocks, lens, 16, 0.125, None)
+    assert torch.equal(got, ref) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
 
 
 def test_decode_attention_refuses_what_it_does_not_read() -> None:
