@@ -3,6 +3,7 @@ and compare greedy output against Hugging Face `generate` with the tie rule."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 
 from framework.api.registry import registry
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
+from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors.layer_glue import eager_glue
 from framework.run.app import build_engine
 from framework.run.config import register_configs
@@ -86,3 +87,23 @@ def check_same_greedy(
     if result.divergence is not None:
         print(f"tie accepted: {result.divergence}")
     return result.divergence
+
+
+def random_specs(
+    tok: Any,
+    n: int,
+    seed: int,
+    prompt: tuple[int, int] = (1, 40),
+    output: tuple[int, int] = (1, 24),
+) -> list[RequestSpec]:
+    """`n` requests of random token ids, their prompt and output lengths drawn from the
+    (inclusive) ranges, EOS ignored so that each runs to its length."""
+    rng = random.Random(seed)
+    return [
+        RequestSpec(
+            f"r{i}",
+            [rng.randrange(3, len(tok)) for _ in range(rng.randint(*prompt))],
+            SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True),
+        )
+        for i in range(n)
+    ]

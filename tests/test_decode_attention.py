@@ -15,12 +15,11 @@ import torch
 from hypothesis import given, settings
 from transformers.models.llama import modeling_llama as llama
 
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors import fused_llama, layer_glue
 from framework.executors.kernels import glue
 from framework.executors.kernels.paged_decode import decode_attention, paged_decode
 from framework.executors.model_loader import TinySpec, load_model
-from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
+from tests.helpers import check_same_greedy, hf_greedy, make_cfg, random_specs, run_engine
 
 CPU = torch.device("cpu")
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
@@ -151,20 +150,6 @@ def test_add_rms_norm_is_eager_bit_for_bit(rows, width, dtype, seed, scale) -> N
     assert torch.equal(got, norm(residual + x))
 
 
-def decode_heavy_specs(tok, n: int, seed: int) -> list[RequestSpec]:
-    """Requests that all arrive at once with short prompts and long outputs: most steps are
-    decode rows alone, where the fused attention runs."""
-    rng = random.Random(seed)
-    return [
-        RequestSpec(
-            f"r{i}",
-            [rng.randrange(3, len(tok)) for _ in range(rng.randint(1, 12))],
-            SamplingParams(max_tokens=rng.randint(8, 40), ignore_eos=True),
-        )
-        for i in range(n)
-    ]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_steps_give_hugging_faces_tokens(dtype, monkeypatch) -> None:
     calls = []
@@ -180,7 +165,9 @@ def test_decode_steps_give_hugging_faces_tokens(dtype, monkeypatch) -> None:
     monkeypatch.setattr(
         type(model.model), "forward", lambda *a, **k: hf_loop.append(1) or own(*a, **k)
     )
-    specs = decode_heavy_specs(tok, 5, 3)
+    # All at once, short prompts, long outputs: most steps are decode rows alone, where the
+    # fused attention runs.
+    specs = random_specs(tok, 5, 3, prompt=(1, 12), output=(8, 40))
     name = str(dtype).removeprefix("torch.")
     runs = {}
     try:

@@ -4,7 +4,6 @@ are the same with them on and off, and their choice."""
 
 from __future__ import annotations
 
-import random
 import shutil
 
 import hypothesis.strategies as st
@@ -14,12 +13,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from transformers.models.llama import modeling_llama as llama
 
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors import kernel_choice as kc
 from framework.executors import layer_glue
 from framework.executors.kernels import glue
 from framework.executors.model_loader import TinySpec, load_model
-from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
+from tests.helpers import check_same_greedy, hf_greedy, make_cfg, random_specs, run_engine
 
 CPU = torch.device("cpu")
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
@@ -99,18 +97,6 @@ def engine_tokens(model, tok, specs, on: bool, dtype: str = "float32") -> dict[s
         "scheduler=continuous", "allocator=incremental", f"engine.layer_glue={on}", f"dtype={dtype}"
     )
     return {s.id: list(s.output_token_ids) for s in run_engine(cfg, model, tok, specs).seqs}
-
-
-def random_specs(tok, n: int, seed: int) -> list[RequestSpec]:
-    rng = random.Random(seed)
-    return [
-        RequestSpec(
-            f"r{i}",
-            [rng.randrange(3, len(tok)) for _ in range(rng.randint(1, 40))],
-            SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True),
-        )
-        for i in range(n)
-    ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
