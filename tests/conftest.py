@@ -62,6 +62,20 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def glue_built() -> None:
+    """nanoserve's C++ glue operators are built here, or the module is skipped where no C++
+    compiler is (the engine then keeps the eager modules); a failed build with one fails."""
+    import shutil
+
+    from framework.executors.kernels import glue
+
+    reason = glue.why_not(torch.device("cpu"), torch.float32)
+    if reason is not None and shutil.which("c++") is None:
+        pytest.skip(f"no C++ compiler here: {reason}")
+    assert reason is None, reason
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[Any, Any]:
     return load_model("smollm2", None, None, torch.float32, torch.device("cpu"))

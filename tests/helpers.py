@@ -107,3 +107,35 @@ def random_specs(
         )
         for i in range(n)
     ]
+
+
+def spec(
+    i: int, prompt: list[int], max_tokens: int, arrival: float = 0.0, ignore_eos: bool = True
+) -> RequestSpec:
+    """Request `r{i}`: greedy, `max_tokens` new tokens (EOS ignored unless told)."""
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+    return RequestSpec(f"r{i}", prompt, sampling, arrival=arrival)
+
+
+def tokens(result: RunResult | Any) -> dict[str, list[int]]:
+    """Each request's output token ids, by id."""
+    return {s.id: list(s.output_token_ids) for s in result.seqs}
+
+
+def draw_specs(data: Any, most: int, eos_drawn: bool = False) -> list[RequestSpec]:
+    """From a hypothesis `st.data()`: 1 to `most` requests of 1-40 token ids (3-400), 1-12 new
+    tokens, arriving within 10 ms; with `eos_drawn`, whether each ignores EOS is drawn too
+    (without it some stop at their first token)."""
+    import hypothesis.strategies as st
+
+    n = data.draw(st.integers(1, most))
+    return [
+        spec(
+            i,
+            data.draw(st.lists(st.integers(3, 400), min_size=1, max_size=40)),
+            data.draw(st.integers(1, 12)),
+            arrival=data.draw(st.floats(0, 0.01)),
+            ignore_eos=data.draw(st.booleans()) if eos_drawn else True,
+        )
+        for i in range(n)
+    ]

@@ -14,16 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framework.api import ClusterView, RequestSpec, RouterConfig
+from framework.api import ClusterView, RouterConfig
 from framework.api.policy import PolicyError
 from framework.api.registry import registry
 from framework.engine.cluster import Cluster
-from framework.engine.request import SamplingParams
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner, build_router
 from framework.run.summary import summarize
 from framework.tracking.plots import PLOTS, save_run_plots
-from tests.helpers import assert_refused, cli, make_cfg
+from tests.helpers import assert_refused, cli, draw_specs, make_cfg, spec, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,15 +57,6 @@ def dtype_of(cfg: Any) -> Any:
     return getattr(torch, cfg.dtype)
 
 
-def spec(i: int, prompt: list[int], max_tokens: int, arrival: float = 0.0) -> RequestSpec:
-    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return RequestSpec(f"r{i}", prompt, sampling, arrival=arrival)
-
-
-def tokens(result: Any) -> dict[str, list[int]]:
-    return {s.id: list(s.output_token_ids) for s in result.seqs}
-
-
 def test_one_replica_behind_a_router_is_the_engine(shape: tuple[Any, Any]) -> None:
     """The cluster's loop over one engine takes exactly the engine's own steps."""
     specs = [spec(i, [5 + i] * (3 + 2 * i), 4 + i, arrival=0.001 * i) for i in range(8)]
@@ -89,16 +79,7 @@ def test_one_replica_behind_a_router_is_the_engine(shape: tuple[Any, Any]) -> No
 def test_every_request_is_served_once_and_the_replicas_add_up(
     shape: tuple[Any, Any], data: st.DataObject
 ) -> None:
-    n = data.draw(st.integers(1, 12))
-    specs = [
-        spec(
-            i,
-            data.draw(st.lists(st.integers(3, 400), min_size=1, max_size=40)),
-            data.draw(st.integers(1, 12)),
-            arrival=data.draw(st.floats(0, 0.01)),
-        )
-        for i in range(n)
-    ]
+    specs = draw_specs(data, 12)
     replicas = data.draw(st.integers(1, 4))
     over = (
         f"cluster.replicas={replicas}",

@@ -7,7 +7,6 @@ where the engine uses the fused attention, gives Hugging Face's tokens."""
 from __future__ import annotations
 
 import random
-import shutil
 
 import hypothesis.strategies as st
 import pytest
@@ -25,12 +24,7 @@ CPU = torch.device("cpu")
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    reason = glue.why_not(CPU, torch.float32)
-    if reason is not None and shutil.which("c++") is None:
-        pytest.skip(f"no C++ compiler here: {reason}")  # the engine keeps the eager modules
-    assert reason is None, reason
+pytestmark = pytest.mark.usefixtures("glue_built")
 
 
 def gen(seed: int) -> torch.Generator:

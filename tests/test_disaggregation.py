@@ -15,19 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framework.api import RequestSpec
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.registry import registry
 from framework.engine.link import Link, Overlap, Transfer, overlapped_bytes
-from framework.engine.request import SamplingParams
 from framework.engine.sequence import Status
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize
 from framework.tracking.plots import read_step_columns
 from framework.tracking.replica_plots import plot_replica_load, transfers_in_flight
-from tests.helpers import assert_refused, cli, make_cfg
+from tests.helpers import assert_refused, cli, draw_specs, make_cfg, spec, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,17 +50,6 @@ def runner(shape: tuple[Any, Any], *overrides: str) -> Any:
     return build_runner(cfg, shape[0], torch.device("cpu"), torch.float32, registry().pm.hook)
 
 
-def spec(
-    i: int, prompt: list[int], max_tokens: int, arrival: float = 0.0, ignore_eos: bool = True
-) -> RequestSpec:
-    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-    return RequestSpec(f"r{i}", prompt, sampling, arrival=arrival)
-
-
-def tokens(result: Any) -> dict[str, list[int]]:
-    return {s.id: list(s.output_token_ids) for s in result.seqs}
-
-
 def roles_of(n: int, draw: Any) -> list[str]:
     """n roles with a prefill replica and a decode-capable one."""
     roles = [draw(st.sampled_from(["prefill", "decode", "mixed"])) for _ in range(n)]
@@ -85,17 +72,7 @@ def test_the_tiny_models_kv_weighs_what_the_test_assumes(shape: tuple[Any, Any])
 def test_each_request_is_prefilled_once_and_decoded_once_with_one_engines_tokens(
     shape: tuple[Any, Any], data: st.DataObject
 ) -> None:
-    n = data.draw(st.integers(1, 10))
-    specs = [
-        spec(
-            i,
-            data.draw(st.lists(st.integers(3, 400), min_size=1, max_size=40)),
-            data.draw(st.integers(1, 12)),
-            arrival=data.draw(st.floats(0, 0.01)),
-            ignore_eos=data.draw(st.booleans()),  # without: some stop at their first token
-        )
-        for i in range(n)
-    ]
+    specs = draw_specs(data, 10, eos_drawn=True)
     replicas = data.draw(st.integers(2, 4))
     roles = roles_of(replicas, data.draw)
     policies = (

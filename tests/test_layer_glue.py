@@ -4,8 +4,6 @@ are the same with them on and off, and their choice."""
 
 from __future__ import annotations
 
-import shutil
-
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -23,12 +21,7 @@ CPU = torch.device("cpu")
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    reason = glue.why_not(CPU, torch.float32)
-    if reason is not None and shutil.which("c++") is None:
-        pytest.skip(f"no C++ compiler here: {reason}")  # the engine keeps the eager modules
-    assert reason is None, reason
+pytestmark = pytest.mark.usefixtures("glue_built")
 
 
 def randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
