@@ -101,6 +101,32 @@ def test_ab_refuses_to_compare_different_work(a: list[str], b: list[str], messag
         ab.compare(["model=tiny"], a, b, rounds=1)
 
 
+def test_ab_observers_preset_runs_whole_processes_in_alternating_rounds(tmp_path: Path) -> None:
+    """`--observers`: `python run.py` with the default observers against `[console]`, each
+    B run in a new store under `--fresh-store`; the ratios and each run's start-up reported."""
+    out = ab.main(
+        ["--observers", "--fresh-store", "--quick", "--rounds", "1", "--requests", "3",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    with (out / "observers_ab.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["round"], r["setting"]) for r in rows] == [("1", "A"), ("1", "B")]
+    for row in rows:
+        assert float(row["makespan_s"]) > 0 and float(row["startup_observers_s"]) >= 0
+    # B's runs each made a store of their own; A's logged nowhere
+    assert (tmp_path / "stores" / "r1-B" / "mlflow.db").is_file()
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "store").exists()
+    text = (out / "observers_ab.md").read_text()
+    assert "| makespan_s | " in text and "| ttft_p50_s | " in text and "CPU: " in text
+    assert "a fresh store every run" in text
+
+
+def test_ab_observers_preset_takes_no_a_or_b(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        ab.parse(["--observers", "--b", "engine.block_size=32"])
+    assert raised.value.code == 2 and "takes no --a or --b" in capsys.readouterr().err
+
+
 def test_ab_output_check_names_the_first_difference() -> None:
     greedy = RequestSpec(id="g", prompt_token_ids=[1, 2, 3])
     sampled = RequestSpec(

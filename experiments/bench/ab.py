@@ -3,6 +3,11 @@
     python -m experiments.ab --a engine.paged_kernel=true --b engine.paged_kernel=false
     python -m experiments.ab --a engine.packed_linears=false --rounds 7 workload=straggler
     python -m experiments.ab --b engine.block_size=32 --quick          # tiny model, seconds
+    python -m experiments.ab --observers [--fresh-store]    # what the default observers cost
+
+`--observers` is a preset of whole `python run.py` processes: the default observers against
+`observers=[console]` (`experiments/bench/observers_ab.py`). Everything below is about the
+in-process A/B of two engine settings.
 
 On a shared or virtual machine the same run moves from one minute to the next by more than most
 engine changes are worth. Two runs taken far apart, or two processes, then measure the machine
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.bench import observers_ab
 from experiments.bench.probe import decode_steps
 from experiments.toolkit import cli
 from experiments.toolkit.config import TIMED, compose_cfg
@@ -185,13 +191,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     cli.add_rounds(ap, 5, "timed rounds (5)")
     cli.add_quick(ap)
     cli.add_out(ap, OUTPUTS / "ab")
+    observers_ab.add_arguments(ap)
     cli.add_overrides(ap, "Hydra overrides shared by A and B")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.observers and (args.a or args.b):
+        ap.error("--observers compares the observers: it takes no --a or --b")
+    if args.fresh_store and not args.observers:
+        ap.error("--fresh-store goes with --observers")
+    return args
 
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     shared = cli.run_overrides(args, TIMED)
+    command = cli.command_line("ab", argv)
+    if args.observers:
+        if args.out == OUTPUTS / "ab":
+            args.out = OUTPUTS / "observers_ab"
+        try:
+            return observers_ab.main(args, shared, command).parent
+        except (ValueError, RuntimeError) as err:
+            sys.exit(f"experiments.ab: {err}")
     with threads_kept() as threads:
         torch.set_num_threads(compose_cfg(shared).threads or threads)
         try:
@@ -199,7 +219,6 @@ def main(argv: list[str] | None = None) -> Path:
         except ValueError as err:
             sys.exit(f"experiments.ab: {err}")
     stats = summary(rows)
-    command = cli.command_line("ab", argv)
     header = {
         "command": f"`{command}`",
         "A": " ".join(args.a) or "(the shared config)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,22 @@ class RunInfo:
     result: RunResult | None = None
     summary: dict[str, Any] = field(default_factory=dict)  # metrics.json, once written
     texts: dict[str, str] = field(default_factory=dict)
+    # Seconds before the engine's clock started (`start_run`), in metrics.json as they are.
+    startup: dict[str, float] = field(default_factory=dict)
+
+
+def start_run(info: RunInfo, hooks: Any, began: float) -> None:
+    """Tell the observers the run starts, and keep what came before the engine's clock
+    apart from every time the run measures, as its start-up: `startup_load_s`, from `began`
+    (`time.perf_counter()` as the run was called) to here (the model loaded unless it was
+    given, the engine built, its kernels chosen), and `startup_observers_s`, the observers'
+    own starts (the MLflow run opened in its store, a new store made first)."""
+    loaded = time.perf_counter()
+    info.startup["startup_load_s"] = loaded - began
+    try:
+        hooks.on_run_start(run=info)
+    finally:
+        info.startup["startup_observers_s"] = time.perf_counter() - loaded
 
 
 def resolve_device(name: str) -> torch.device:
@@ -289,6 +306,7 @@ def serve(
     Ctrl-C) still writes what it measured, marked incomplete, tells the observers
     (`on_run_abort`), and then re-raises: the caller sees the error.
     """
+    began = time.perf_counter()
     # Up to the first step, everything read is the user's input: a ValueError or OSError
     # here is theirs to fix (UserError, one line at the command line), and nothing is written.
     with user_input():
@@ -308,14 +326,14 @@ def serve(
 
     info = RunInfo(config=cfg, output_dir=output_dir, num_requests=len(specs))
     try:
-        hooks.on_run_start(run=info)
+        start_run(info, hooks, began)
         result = runner.run(specs, tokenizer.eos_token_id)
         info.result = result
         info.texts = decode_outputs(tokenizer, result)
     except BaseException as error:  # Ctrl-C included: the measurements so far are kept
         abort(info, runner, tokenizer, hooks, error)
         raise
-    info.summary = mark_complete(summarize(result))
+    info.summary = mark_complete(summarize(result) | info.startup)
     write_results(output_dir, cfg, result, info.summary, info.texts)
     hooks.on_run_end(run=info, summary=info.summary)
     return info
@@ -333,10 +351,10 @@ def abort(
     Anything that fails in here (the books of a half-finished step may not add up) is
     logged and noted on `error`, which the caller re-raises.
     """
-    summary = mark_incomplete({}, error)
+    summary = mark_incomplete(dict(info.startup), error)
     try:
         result = engine.partial_result()
-        summary = mark_incomplete(summarize(result), error)
+        summary = mark_incomplete(summarize(result) | info.startup, error)
         info.result, info.summary = result, summary
         info.texts = decode_outputs(tokenizer, result)
         write_results(info.output_dir, info.config, result, summary, info.texts)

@@ -105,9 +105,10 @@ class MlflowConfig:
     # Points per per-step series (`step.rows`, ...): exact up to this many steps, then means
     # over runs of steps (framework/tracking/series.py); steps.csv keeps every step.
     max_step_points: int = 2000
-    # Who logs a run: a helper process beside the engine (true), this process (false), or
-    # null: the helper for a single run whose store may fail softly, in a process that has
-    # not imported mlflow yet (framework/tracking/background.py).
+    # Who logs a run: a helper process, which logs before the first step and after the last
+    # and sleeps between (true), this process (false), or null: the helper for a single run
+    # whose store may fail softly, in a process that has not imported mlflow yet
+    # (framework/tracking/background.py).
     background: bool | None = None
     # MB of run-folder files uploaded as artifacts at most; the files past it stay in the run
     # folder, named in the run's `nanoserve.artifacts_left_out` tag. None: every file.

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from framework.run.app import (
     decode_outputs,
     load,
     resolve_device,
+    start_run,
 )
 from framework.run.config import check_run, check_window
 from framework.run.errors import user_input
@@ -107,6 +109,7 @@ def serve_http(
     `run_with_observers` runs it with the observers attached)."""
     import uvicorn  # the `serve` extra
 
+    began = time.perf_counter()
     with user_input():
         check_before_loading(cfg)
         if cfg.threads:
@@ -162,7 +165,7 @@ def serve_http(
         timer = threading.Timer(float(cfg.server.stop_after_s), stop_server)
         timer.daemon = True
     try:
-        hooks.on_run_start(run=info)
+        start_run(info, hooks, began)
         loop.start()
         if timer is not None:
             timer.start()
@@ -183,7 +186,7 @@ def serve_http(
         if timer is not None:
             timer.cancel()
         sock.close()
-    info.summary = mark_complete(summarize(result))
+    info.summary = mark_complete(summarize(result) | info.startup)
     write_results(output_dir, cfg, result, info.summary, info.texts)
     hooks.on_run_end(run=info, summary=info.summary)
     return info

@@ -1,12 +1,21 @@
-"""One run's MLflow logging in a helper process, beside the engine.
+"""One run's MLflow logging in a helper process that never runs while the engine steps.
 
 Importing mlflow and opening a new SQLite store (its tables made and migrated) take seconds
-of every `python run.py`, spent before the first step although nothing of the run is logged
-yet (figures: docs/measurements/code-notes.md). A helper process does that
-work on another core while the engine runs: it opens the run and logs its params as soon as
-the run starts, then waits; at the end this process sends what is left (tags, summary,
-per-step series, the run folder's files, the status), the helper logs it and says how it
-went. This process never imports mlflow.
+(figures: docs/measurements/tracking.md). On a 2-core machine the engine takes both cores,
+so there is no spare one to hide that work on: a helper busy beside the engine's first steps
+made a run's makespan a quarter longer and its TTFT half as long again. So the helper works
+only while the run's process waits for it, at the two moments outside the engine's clock:
+
+- **before the first step** (`start`): the helper imports mlflow, opens the store (a new one
+  made and migrated first), opens the run and logs its params, and replies; the run's process
+  waits for that reply. The wait is the run's start-up (`startup_observers_s`).
+- **after the last step** (`finish`): this process sends the rest (tags, summary, per-step
+  series, the run folder's files, the status), the helper logs it and says how it went.
+
+In between, while the engine steps, the helper is blocked on its pipe and uses no CPU (MLflow's
+usage telemetry, whose threads would send beside the steps, is off: `store.ENV_DEFAULTS`). What
+the helper still spares the run is mlflow itself: this process never imports it, so its
+thousands of modules and objects stay out of the engine's heap and its collector's passes.
 
 The helper fails as softly as the store does in-process (`TrackingStore`): a helper that
 cannot start, dies or cannot reach the store costs the run nothing, and the reason comes back
@@ -23,6 +32,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,8 +70,9 @@ def finish_run(
 
 
 class BackgroundRun:
-    """This process's end of the helper: `start` sends the run's opening, `finish` the rest
-    and waits for the helper to log it, returning (run id, broken)."""
+    """This process's end of the helper: `start` starts it, sends the run's opening and
+    waits until it is logged; `finish` sends the rest and waits for the helper to log it,
+    returning (run id, broken)."""
 
     def __init__(self) -> None:
         self.broken: str | None = None
@@ -69,8 +80,15 @@ class BackgroundRun:
         self._replies: list[tuple[str, str | None, str | None]] = []  # (what, run id, broken)
         self._finish_sent = False
 
-    def start(self, start: Start) -> None:
-        """Start the helper and send it the run's opening; this returns at once."""
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, start: Start) -> float:
+        """Start the helper, send it the run's opening and wait until it has opened the
+        store and the run and logged the params, so that nothing of it is left to do once
+        the engine runs. The seconds it took (start-up: the engine's clock has not started)."""
+        t = time.perf_counter()
         env = dict(os.environ)
         # The helper imports this package from where this process found it, whatever the
         # working directory (run.py's folder is on this process's path, not the helper's).
@@ -87,6 +105,9 @@ class BackgroundRun:
             self._send(start)
         except Exception as exc:  # no such interpreter, no process left, a value unsendable
             self._fail(f"starting the MLflow helper process failed: {failure_reason(exc)}")
+            return time.perf_counter() - t
+        self._receive()  # ("started", run id, broken)
+        return time.perf_counter() - t
 
     def finish(self, finish: Finish) -> tuple[str | None, str | None]:
         """Send the end of the run, wait until the helper has logged it; (run id, broken).
@@ -102,18 +123,33 @@ class BackgroundRun:
                 self._finish_sent = True
                 self._send(finish)
                 proc.stdin.close()
-            while len(self._replies) < 2:  # ("started", ...), then ("done", ...)
-                self._replies.append(pickle.load(proc.stdout))
         except Exception as exc:  # it died, or a value could not be sent: not logged
-            code = proc.poll()
-            said = "" if code is None else f" (exit status {code})"
-            self._fail(f"the MLflow helper process failed{said}: {failure_reason(exc)}")
-            return None, self.broken
+            self._died(exc)
+        while len(self._replies) < 2:  # ("started", ...) and ("done", ...)
+            if not self._receive():
+                return None, self.broken
         proc.stdout.close()
         proc.wait()
         self._proc = None
         _, run_id, broken = self._replies[-1]
         return run_id, broken
+
+    def _receive(self) -> bool:
+        """The helper's next reply, kept; False once it has failed instead."""
+        if self._proc is None or self.broken is not None:
+            return False
+        assert self._proc.stdout is not None
+        try:
+            self._replies.append(pickle.load(self._proc.stdout))
+        except Exception as exc:  # it died, or said something unreadable
+            self._died(exc)
+            return False
+        return True
+
+    def _died(self, exc: BaseException) -> None:
+        code = self._proc.poll() if self._proc is not None else None
+        said = "" if code is None else f" (exit status {code})"
+        self._fail(f"the MLflow helper process failed{said}: {failure_reason(exc)}")
 
     def _send(self, message: Any) -> None:
         assert self._proc is not None and self._proc.stdin is not None

@@ -24,8 +24,15 @@ T = TypeVar("T")
 PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch call
 METRICS_PER_BATCH = 1000
 MAX_PARAM_CHARS = 6000
-# MLflow's defaults (120 s per request, 7 retries with backoff) wait minutes for a dead server.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1"}
+# Set before mlflow is imported, unless the user set them: MLflow's HTTP defaults (120 s per
+# request, 7 retries with backoff) wait minutes for a dead server; and its usage telemetry
+# fetches a config and sends events from threads of their own, beside whatever the process
+# does next (the engine's steps, for the helper of framework/tracking/background.py).
+ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 
 
 class TrackingError(RuntimeError):
@@ -73,9 +80,9 @@ class TrackingStore:
     @property
     def client(self) -> Any:
         if self._client is None:
-            # A dead server should cost seconds, not MLflow's minutes of retries; the user's
-            # own MLFLOW_HTTP_* settings win.
-            for name, value in HTTP_DEFAULTS.items():
+            # A dead server should cost seconds, not MLflow's minutes of retries, and no
+            # telemetry thread runs; the user's own settings of these win.
+            for name, value in ENV_DEFAULTS.items():
                 os.environ.setdefault(name, value)
             from mlflow import MlflowClient
 

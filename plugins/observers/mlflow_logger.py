@@ -1,9 +1,9 @@
 """MLflow observer: every run becomes an MLflow run, through the same hooks any plugin uses.
 
-- at the start (before the engine's clock starts, so it costs no measured time): the run,
-  nested under its sweep's parent run in a multirun, named after what it varied, tagged with
-  the git commit, the machine and the package versions, with the whole resolved config as
-  flat params (`scheduler.name`, `engine.block_size`, `workload.output_lens`, ...);
+- at the start, done before the engine's clock starts (a run's start-up, so it costs no
+  measured time): the run, nested under its sweep's parent run in a multirun, named after
+  what it varied, tagged with the git commit, the machine and the package versions, with the
+  whole resolved config as flat params (`scheduler.name`, `engine.block_size`, ...);
 - at each step: a few numbers kept in memory (no call to the store), pooled into at most
   `mlflow.max_step_points` points per series (`framework/tracking/series.py`: a trace of a
   million steps would otherwise take the store a quarter of an hour);
@@ -17,9 +17,11 @@
 A store that is down or fails half way costs the run nothing: it finishes, writes its local
 results, and this observer prints `MLflow: not logged: <reason>` (`mlflow.fatal=true` makes
 that an error instead). It runs after the other observers (`trylast`), so the plots they draw
-are in the folder when it uploads it. A single run is logged by a helper process beside the
-engine (`mlflow.background`, framework/tracking/background.py): the same calls, in the same
-order (`finish_run`), off this process's path.
+are in the folder when it uploads it. A single run is logged by a helper process
+(`mlflow.background`, framework/tracking/background.py): the same calls, in the same order
+(`finish_run`). It opens the run before the first step and logs the rest after the
+last, while this process waits: it never runs beside the engine's steps, and the wait before
+the first step is start-up (`startup_observers_s`).
 """
 
 from __future__ import annotations
@@ -63,10 +65,18 @@ class MlflowLogger:
         self.max_artifact_mb = cfg.mlflow.get("max_artifact_mb")
         self.series: StepSeries | None = None  # made at the start, once the run checked the field
         self._t0_ms = 0
+        self.spent_s = {"before the first step": 0.0, "after the last": 0.0}  # off the clock
 
     # ---- hooks ---------------------------------------------------------------------------
     @hookimpl
     def on_run_start(self, run: Any) -> None:
+        t = time.perf_counter()
+        self._open(run)
+        self.spent_s["before the first step"] = time.perf_counter() - t
+        self._t0_ms = int(time.time() * 1000)
+
+    def _open(self, run: Any) -> None:
+        """The run opened in the store, with its tags and params: done when this returns."""
         self.output_dir = Path(run.output_dir)
         self.series = StepSeries(self.max_step_points)
         job = hydra_job()
@@ -83,6 +93,7 @@ class MlflowLogger:
         self.quiet = parent is not None
         name = run_name(run.config, job, swept)
         if self._in_background(job):
+            # Waits until the run is open in the store: start-up, before the engine's clock.
             params = self.store.attempt("reading the config", lambda: self._params(run, job))
             self.background = BackgroundRun()
             self.background.start((self.settings, name, tags, parent, params or {}))
@@ -92,7 +103,6 @@ class MlflowLogger:
                 params = self.store.attempt("reading the config", lambda: self._params(run, job))
                 if params is not None:
                     self.store.log_params(self.run_id, params)
-        self._t0_ms = int(time.time() * 1000)
 
     def _in_background(self, job: HydraJob | None) -> bool:
         """Whether a helper process logs this run (`mlflow.background`; see
@@ -153,6 +163,7 @@ class MlflowLogger:
         return params
 
     def _finish(self, summary: dict[str, Any], status: str, error: BaseException | None) -> None:
+        t = time.perf_counter()
         # A simulated run says what predicted its seconds (an analytic profile, say); a
         # real one which kernels this machine got, and how they were chosen.
         tags = {
@@ -191,13 +202,15 @@ class MlflowLogger:
         elif self.run_id is not None:
             finish_run(self.store, self.run_id, status, tags, summary, series, files)
             broken = self.store.broken
+        self.spent_s["after the last"] = time.perf_counter() - t
         if broken is not None:
             where = f"; results are in {self.output_dir}" if self.output_dir else ""
             print(f"MLflow: not logged: {broken}{where}", file=sys.stderr, flush=True)
         elif self.run_id is not None and not self.quiet:
+            spent = ", ".join(f"{v:.2f} s {k}" for k, v in self.spent_s.items())
             print(
                 f"MLflow: logged run {self.run_id} ({status.lower()}) to {self.store.uri}, "
-                f"experiment {self.store.experiment!r}",
+                f"experiment {self.store.experiment!r} ({spent})",
                 flush=True,
             )
         if left and broken is None and not self.quiet:

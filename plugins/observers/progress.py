@@ -1,6 +1,10 @@
 """Progress observer: a bar of finished requests inside a run, with the step count, on the
 terminal only (quiet when stderr is not a terminal: logs, CI, pipes).
 
+It starts nothing beside the engine: tqdm's monitor thread (which wakes every ten seconds to
+retune a bar) is off, and the bar redraws, in the step that finished a request, at most ten
+times a second (a write of one line to the terminal, inside the step's `hooks` time).
+
 In a multirun started in one process the sweep's own bar of runs
 (`framework/tracking/sweep_progress.py`) stays above it: tqdm stacks the bars by itself.
 """
@@ -14,17 +18,23 @@ from tqdm import tqdm
 from framework.api import hookimpl
 
 
+class Bar(tqdm):
+    """tqdm without its monitor thread."""
+
+    monitor_interval = 0
+
+
 class ProgressObserver:
     """A progress bar of finished requests, on a terminal only."""
 
     def __init__(self, cfg: Any) -> None:
-        self.bar: tqdm | None = None
+        self.bar: Bar | None = None
         self.last: Any = None  # the newest step's stats, shown when the bar next moves
 
     @hookimpl
     def on_run_start(self, run: Any) -> None:
         # disable=None: tqdm switches itself off when stderr is not a terminal.
-        self.bar = tqdm(
+        self.bar = Bar(
             total=run.num_requests, desc="requests", unit="req", leave=False, disable=None
         )
 
