@@ -32,7 +32,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,11 +83,10 @@ class BackgroundRun:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self, start: Start) -> float:
+    def start(self, start: Start) -> None:
         """Start the helper, send it the run's opening and wait until it has opened the
         store and the run and logged the params, so that nothing of it is left to do once
-        the engine runs. The seconds it took (start-up: the engine's clock has not started)."""
-        t = time.perf_counter()
+        the engine runs (this is start-up: the engine's clock has not started)."""
         env = dict(os.environ)
         # The helper imports this package from where this process found it, whatever the
         # working directory (run.py's folder is on this process's path, not the helper's).
@@ -105,9 +103,8 @@ class BackgroundRun:
             self._send(start)
         except Exception as exc:  # no such interpreter, no process left, a value unsendable
             self._fail(f"starting the MLflow helper process failed: {failure_reason(exc)}")
-            return time.perf_counter() - t
+            return
         self._receive()  # ("started", run id, broken)
-        return time.perf_counter() - t
 
     def finish(self, finish: Finish) -> tuple[str | None, str | None]:
         """Send the end of the run, wait until the helper has logged it; (run id, broken).
