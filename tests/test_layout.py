@@ -200,3 +200,34 @@ def test_views_only_read() -> None:
                 if isinstance(node, ast.Call) and "setattr" in ast.unparse(node.func):
                     writes.append(f"{cls.name}.{fn.name}: {ast.unparse(node)}")
     assert not writes, f"views write: {writes}"
+
+
+def test_one_release_path() -> None:
+    """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
+    abort and a hand-off all call it, so freeing, emptying the table and setting the status
+    cannot drift apart. No other code under framework/ or plugins/ calls a pool's `free` or
+    empties a block table."""
+
+    def frees(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            return node.func.attr == "free" and "pool" in ast.unparse(node.func.value)
+        return (
+            isinstance(node, ast.Assign)
+            and any(ast.unparse(t).endswith("block_table") for t in node.targets)
+            and isinstance(node.value, ast.List)
+            and not node.value.elts
+        )
+
+    planner = ast.parse((ROOT / "framework/engine/planner.py").read_text(encoding="utf-8"))
+    (release,) = [
+        n for n in ast.walk(planner) if isinstance(n, ast.FunctionDef) and n.name == "release"
+    ]
+    inside = {id(n) for n in ast.walk(release)}
+    assert sum(frees(n) for n in ast.walk(release)) == 2, "release no longer frees and empties"
+    stray = []
+    for path in [*(ROOT / "framework").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
+        tree = planner if path == ROOT / "framework/engine/planner.py" else None
+        for node in ast.walk(tree or ast.parse(path.read_text(encoding="utf-8"))):
+            if frees(node) and id(node) not in inside:
+                stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not stray, "blocks freed outside Planner.release: " + "; ".join(stray)

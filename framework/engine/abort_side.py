@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from collections import deque
     from collections.abc import Callable
 
-    from framework.engine.block_pool import BlockPool
     from framework.engine.counters import Counters
     from framework.engine.held import HeldTokens
     from framework.engine.planner import Planner
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 class AbortSide:
     """Mixed into `Engine`, whose attributes these are."""
 
-    pool: BlockPool
     planner: Planner
     output: HeldTokens
     counters: Counters
@@ -71,8 +69,7 @@ class AbortSide:
             if seq.finished or seq not in self.running:  # its held tokens finished it
                 continue
             self.running.remove(seq)
-            self.pool.free(seq.id, seq.block_table)
-            seq.block_table = []
+            self.planner.release(seq, Status.RELEASED)
             self._end(seq, reason)
             self.output.finished.append(seq)  # announced with the step's finished requests
 

@@ -74,7 +74,4 @@ class HandOffSide:
         """`seq`'s KV has reached its decode replica: its blocks here are freed."""
         if self.sending.pop(seq.id, None) is not seq:
             raise InvariantError(f"{seq.id}'s KV was sent from a replica that does not hold it")
-        self.pool.free(seq.id, seq.block_table)
-        seq.block_table = []
-        seq.status = Status.TRANSFERRED
-        seq.released_at = at
+        self.planner.release(seq, Status.TRANSFERRED, at)

@@ -225,11 +225,19 @@ class Planner:
                 raise self.fail("scheduler", f"evicted {seq.id}, not a finished running row")
         for seq in evict:
             self.running.remove(seq)
-            self.pool.free(seq.id, seq.block_table)
-            seq.block_table = []
-            seq.status = Status.RELEASED
-            seq.released_at = self.now()
+            self.release(seq, Status.RELEASED, self.now())
         return len(evict)
+
+    def release(self, seq: Sequence, status: Status, at: float | None = None) -> None:
+        """The one way a sequence gives its blocks back, whatever ends its hold: finishing,
+        preemption, abort, a hand-off's KV sent. Its blocks go back to the pool (a prefix
+        cache drops its references), its table is emptied and its status set; `at` stamps
+        when it left this replica (a preempted one has not: it waits to come back)."""
+        self.pool.free(seq.id, seq.block_table)
+        seq.block_table = []
+        seq.status = status
+        if at is not None:
+            seq.released_at = at
 
     def grow(self) -> int:
         """Give running rows the blocks this step writes into; preempt while the pool is dry.
@@ -294,14 +302,12 @@ class Planner:
         if seq.num_held:  # growth drains before it preempts: nothing may be in flight here
             raise InvariantError(f"{seq.id} preempted with {seq.num_held} tokens in flight")
         self.running.remove(seq)
-        self.pool.free(seq.id, seq.block_table)
-        seq.block_table = []
+        self.release(seq, Status.WAITING)
         seq.prefix_published = 0
         self.counters.preemptions += 1
         self.counters.recomputed_tokens += seq.num_computed
         seq.num_computed = 0
         seq.preemptions += 1
-        seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
     def short_table(self, seq: Sequence, exc: IndexError) -> Exception:

@@ -6,9 +6,9 @@ is admitted in its place, so urgent work is not starved by a stream of small, le
 requests. Pair it with `preemption=priority`, so that a dry pool takes blocks from the least
 urgent rows.
 
-Schedulers cannot preempt in policy API 1. `displace` computes which running rows a
-priority scheduler would preempt so that the most urgent waiting request fits at once; it
-is ready for an engine hook that calls it before admission, and is not called yet.
+It also preempts for the urgent: the engine calls `displace` before admission (policy API
+2, the step's `admit` phase), and the running rows it names are preempted, their blocks freed
+and the rows requeued, so that the most urgent waiting request fits at once.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class PriorityScheduler(Scheduler):
         return admit_in_order(view, by_priority)
 
     def displace(self, view: EngineView) -> list[Sequence]:
-        """See the module docstring: for the engine's proposed displacement hook."""
+        """The running rows to preempt for the most urgent waiting request (`displace`
+        above); the engine asks before it admits."""
         return displace(view)
 
 
