@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import ab
+from experiments.bench import ab, same_behaviour
 from experiments.policy import window_sweep
 from framework.engine.request import RequestSpec, SamplingParams
 
@@ -137,3 +137,23 @@ def test_ab_output_check_names_the_first_difference() -> None:
     got = ab.first_difference(None, [greedy, sampled], same, {"g": [5, 6], "s": [7, 9]})
     assert got is not None and got.startswith("s: sampled tokens differ")
     assert ab.first_difference(None, [greedy], same, {}) == "g: no output from B"
+
+
+def test_same_behaviour_finds_none_against_this_commit(tmp_path: Path) -> None:
+    """The working tree against HEAD (a fresh clone's: the same code) on one case."""
+    found = same_behaviour.main(
+        ["--base", "HEAD", "--cases", "disaggregated", "--out", str(tmp_path)]
+    )
+    assert found == {"disaggregated": None}
+    assert "| disaggregated | identical |" in (tmp_path / "same_behaviour.md").read_text()
+
+
+def test_same_behaviour_names_the_first_difference() -> None:
+    run = {"counts": {"steps": 9, "preemptions": 2}, "tokens": {"r0": [1, 2], "r1": [3]}}
+    same = same_behaviour.first_difference
+    assert same(run, {"counts": dict(run["counts"]), "tokens": dict(run["tokens"])}) is None
+    fewer = {"counts": {"steps": 9, "preemptions": 1}, "tokens": run["tokens"]}
+    assert same(run, fewer) == "preemptions: 2 at the base, 1 here"
+    other = {"counts": run["counts"], "tokens": {"r0": [1, 2], "r1": [4]}}
+    assert same(run, other) == "r1's tokens differ"
+    assert same(run, {"failed": "exit 2: boom"}) == "this tree's run failed: exit 2: boom"
