@@ -10,7 +10,7 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from framework.engine.costs import PS, CostModel
+from framework.engine.costs import PS, MeasuredCosts
 
 seconds = st.floats(1e-6, 1.0, allow_nan=False)
 
@@ -37,7 +37,7 @@ def fresh_slope(points: list[tuple[int, float]]) -> float:
 def test_estimates_are_those_of_the_last_observations(
     history: int, forwards: list[tuple[int, float]], transfers: list[float]
 ) -> None:
-    costs = CostModel(history)
+    costs = MeasuredCosts(history)
     assert costs.row_s is None and costs.transfer_s is None  # nothing measured yet
     for i, (rows, secs) in enumerate(forwards):
         costs.observe_forward(rows, secs)

@@ -11,8 +11,9 @@ from collections import deque
 PS = 10**12  # forward seconds are summed in whole picoseconds
 
 
-class CostModel:
-    """Estimates over the last `history` observations, each kept up to date in O(1) (a
+class MeasuredCosts:
+    """This run's measured costs, where the simulator's `CostModel` predicts them. Estimates
+    over the last `history` observations, each kept up to date in O(1) (a
     sorted copy for the median, running sums for the slope) as observations arrive: they are
     read every step, and recomputing them over the whole window was 2-3% of a simulated
     step's host work at trace scale."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from framework.api.policy import OutputView
 from framework.engine.clock import Clock
-from framework.engine.costs import CostModel
+from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters
 from framework.engine.frozen import make_frozen
 from framework.engine.invariants import InvariantError
@@ -52,7 +52,7 @@ class HeldTokens:
     def __init__(
         self,
         readback: Readback,
-        costs: CostModel,
+        costs: MeasuredCosts,
         clock: Clock,
         counters: Counters,
         timer: PhaseTimer,

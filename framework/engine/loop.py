@@ -34,7 +34,7 @@ from framework.engine.batch import StepBatch
 from framework.engine.batch_build import BatchBuilder
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, WallClock
-from framework.engine.costs import CostModel
+from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import Executor
 from framework.engine.handoff_side import HandOffSide
@@ -142,7 +142,7 @@ class Engine(HandOffSide, AbortSide):
         self.seqs: list[Sequence] = []
         self.steps = StepLog()
         self.counters = Counters()
-        self.costs = CostModel()
+        self.costs = MeasuredCosts()
         self.timer = PhaseTimer()
         self.readback = Readback(device or torch.device("cpu"))
         self.output = HeldTokens(self.readback, self.costs, self.clock, self.counters, self.timer)
