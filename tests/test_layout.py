@@ -33,6 +33,8 @@ MAY_IMPORT = {
     "tracking": set(),  # MLflow, progress and plots read files and configs, not the engine
     "run": {"api", "engine", "executors", "workloads", "tracking"},
     "serve": {"api", "engine", "executors", "workloads", "tracking", "run"},  # a run, online
+    "studies": {"engine", "run", "tracking"},  # runs, sweeps and searches, compared
+    "calibration": {"engine", "executors", "workloads", "run", "tracking"},  # writes profiles
 }
 
 
@@ -173,40 +175,150 @@ def test_the_engine_never_branches_on_a_missing_cache() -> None:
     assert not found, "the engine tests for a cache: " + "; ".join(found)
 
 
-def test_views_only_read() -> None:
-    """A policy's views assign nothing, to themselves or to what they show: what a lookup
-    finds for a sequence is the engine's to record."""
-    tree = ast.parse((ROOT / "framework/api/policy.py").read_text(encoding="utf-8"))
-    views = [
-        n
-        for n in tree.body
-        if isinstance(n, ast.ClassDef) and n.name in {"EngineView", "OutputView", "QueueView"}
-    ]
-    assert len(views) == 3
+MUTATORS = {"append", "appendleft", "extend", "insert", "pop", "popleft", "remove", "clear"}
+MUTATORS |= {"update", "setdefault", "add", "discard", "sort", "reverse"}
+# What the engine's answers to a view may write, each a memo of a lookup, not a change to
+# what runs: the per-pool-version lookups (`Lookups._found`, `_version`), the waiting requests
+# a lookup was recorded on (`_recorded`), a request's kept block hashes (`block_hashes`), and
+# the one record the policy contract names: a waiting request's cached prefix, which its
+# `step_tokens` leaves out (`cached_prefix`).
+MEMOS = {"_found", "_version", "_recorded", "block_hashes", "cached_prefix"}
+
+
+def methods(path: str, cls: str) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    (found,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return {n.name: n for n in found.body if isinstance(n, ast.FunctionDef)}
+
+
+def writes_in(fn: ast.FunctionDef) -> list[str]:
+    """Every assignment to an attribute or item, and every mutating call, in `fn`, named by
+    the attribute it changes; a local made in the function (a fresh list) is its own."""
+    alias: dict[str, str | None] = {}  # a local name -> the attribute it aliases (None: fresh)
+    for node in ast.walk(fn):
+        target = value = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name):
+            alias[target.id] = value.attr if isinstance(value, ast.Attribute) else None
+    found = []
+
+    def root(e: ast.expr) -> str | None:
+        if isinstance(e, ast.Attribute):
+            return e.attr
+        if isinstance(e, ast.Subscript):
+            return root(e.value)
+        if isinstance(e, ast.Name):
+            return alias.get(e.id, e.id if e.id not in alias else None)
+        return "?"
+
+    for node in ast.walk(fn):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for t in targets:
+            if isinstance(t, ast.Attribute | ast.Subscript):
+                found.append(root(t) or "?")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in MUTATORS:
+                name = root(node.func.value)
+                if name is not None:
+                    found.append(name)
+            if "setattr" in ast.unparse(node.func):
+                found.append("setattr")
+    return [w for w in found if w not in MEMOS]
+
+
+def test_views_only_read_at_any_depth() -> None:
+    """A policy's views change nothing, however deep their questions go: every method of
+    the three views, and each engine method a view's question reaches (`Lookups`, which the
+    planner gives every view as its rules and price, and the pool's lookups it calls), is
+    followed call by call, and none assigns or mutates anything but the lookups' memos."""
+    planner = methods("framework/engine/planner.py", "Planner")
+    made = ast.unparse(planner["view"])
+    assert "rules=self.lookups" in made and "blocks_to_admit=self.lookups.price" in made
+    engine_side = {
+        "Lookups": methods("framework/engine/lookups.py", "Lookups"),
+        "BlockPool": methods("framework/engine/block_pool.py", "BlockPool"),
+        "PrefixCachingPool": methods("framework/engine/prefix_cache.py", "PrefixCachingPool"),
+    }
+    todo: list[tuple[str, ast.FunctionDef]] = []
+    for cls in ("EngineView", "OutputView", "QueueView"):
+        for name, fn in methods("framework/api/policy.py", cls).items():
+            if name != "__init__":  # QueueView keeps the queue it shows
+                todo.append((cls, fn))
+    todo.append(("Lookups", engine_side["Lookups"]["price"]))  # `view.blocks_to_admit`
+    seen: set[tuple[str, str]] = set()
     writes = []
-    for cls in views:
-        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
-            if fn.name == "__init__":
-                continue  # QueueView keeps the queue it shows
-            for node in ast.walk(fn):
-                targets: list[ast.expr] = []
-                if isinstance(node, ast.Assign):
-                    targets = node.targets
-                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-                    targets = [node.target]
-                for t in targets:
-                    if isinstance(t, ast.Attribute | ast.Subscript):
-                        writes.append(f"{cls.name}.{fn.name}: {ast.unparse(t)}")
-                if isinstance(node, ast.Call) and "setattr" in ast.unparse(node.func):
-                    writes.append(f"{cls.name}.{fn.name}: {ast.unparse(node)}")
+    while todo:
+        cls, fn = todo.pop()
+        if (cls, fn.name) in seen:
+            continue
+        seen.add((cls, fn.name))
+        writes += [f"{cls}.{fn.name} writes {w}" for w in writes_in(fn)]
+        for node in ast.walk(fn):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner, name = ast.unparse(node.func.value), node.func.attr
+            if owner == "self.rules":
+                targets = ["Lookups"]
+            elif owner == "self" and cls in engine_side:
+                targets = [cls]
+            elif owner == "self.pool":
+                targets = ["BlockPool", "PrefixCachingPool"]
+            else:
+                continue  # a policy's own method, or a read of a sequence
+            for target in targets:
+                if name in engine_side[target]:
+                    todo.append((target, engine_side[target][name]))
+    assert ("Lookups", "cached_tokens") in seen and ("PrefixCachingPool", "hashes") in seen
     assert not writes, f"views write: {writes}"
+
+
+def test_the_engine_composes_and_mixes_nothing_in() -> None:
+    """`Engine` has no base class: ends from outside (`Aborts`) and a cluster's hand-offs
+    (`ReplicaHandOffs`) are objects of their own, each with its own state, which the engine
+    holds, rather than mixins that redeclare the engine's attributes."""
+    tree = ast.parse((ROOT / "framework/engine/loop.py").read_text(encoding="utf-8"))
+    (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine"]
+    assert not engine.bases
+    for path in (ROOT / "framework/engine").glob("*.py"):
+        assert "Mixed into" not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_one_owner_of_the_queues() -> None:
+    """The planner alone holds and moves the queues (`pending`, `waiting`, `running`):
+    nothing else under framework/ assigns one or changes what it holds."""
+    queues = {"pending", "waiting", "running"}
+    stray = []
+    for path in (ROOT / "framework").rglob("*.py"):
+        if path == ROOT / "framework/engine/planner.py" or "kernels" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and t.attr in queues:
+                        stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr in queues
+            ):
+                stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not stray, "queues moved outside the planner: " + "; ".join(stray)
 
 
 def test_one_release_path() -> None:
     """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
-    abort and a hand-off all call it, so freeing, emptying the table and setting the status
-    cannot drift apart. No other code under framework/ or plugins/ calls a pool's `free` or
-    empties a block table."""
+    abort and a hand-off's sent KV all call it, so freeing, emptying the table and setting
+    the status cannot drift apart. No other code under framework/ or plugins/ calls a pool's
+    `free` or empties a block table."""
 
     def frees(node: ast.AST) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -231,3 +343,64 @@ def test_one_release_path() -> None:
             if frees(node) and id(node) not in inside:
                 stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not stray, "blocks freed outside Planner.release: " + "; ".join(stray)
+
+
+def test_the_product_never_reaches_into_experiments() -> None:
+    """`experiments/` holds the tools people run by hand, on top of the framework; nothing
+    under framework/ or plugins/ imports it, and no config under conf/ names it as a target
+    (a `_target_` or any other value), so a product config never depends on the lab."""
+    import yaml
+
+    found = []
+    for path in [*(ROOT / "framework").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: imports {n}"
+                for n in names
+                if n.split(".")[0] == "experiments"
+            ]
+
+    def strings(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [s for k, v in node.items() for s in (*strings(k), *strings(v))]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    configs = sorted((ROOT / "conf").rglob("*.yaml"))
+    assert any(p.parent.name == "experiment" for p in configs)
+    for path in configs:
+        for text in strings(yaml.safe_load(path.read_text(encoding="utf-8"))):
+            if text.strip().startswith("experiments.") or "experiments/" in text:
+                found.append(f"{path.relative_to(ROOT)}: names {text}")
+    assert not found, "the product depends on experiments/: " + "; ".join(found)
+
+
+def test_no_private_field_is_read_outside_its_class() -> None:
+    """A field named `_x` is its class's own: no code under framework/ or plugins/ reads one
+    through another object (`seq._max_tokens`), which would tie it to a detail the class may
+    change. Third-party internals with no public form are listed with their reason."""
+
+    def third_party(expr: str) -> bool:
+        return (
+            expr.startswith("torch.ops.")  # PyTorch's oneDNN operators, registered with _
+            or expr.endswith("config._attn_implementation")  # transformers: the attention
+        )
+
+    found = []
+    for path in [*(ROOT / "framework").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or third_party(ast.unparse(node)):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in {"self", "cls"}:
+                continue
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "private fields read from outside: " + "; ".join(found)

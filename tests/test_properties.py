@@ -6,7 +6,7 @@ x output, windows 0..16), a block size and a pool that fits the largest request.
 - every request finishes (no livelock: the run ends within a step bound) with exactly the
   tokens of the reference, static + worst_case + immediate on a big pool;
 - it is owed exactly those: `length` means max_tokens tokens, `stop` ends at the first stop;
-- deferred tokens = kept + overshoot + abandoned; no block leaks or has two owners (the
+- deferred tokens = kept + overshoot; no block leaks or has two owners (the
   engine's own end check); no step holds more than the window;
 - no request is preempted more often than it got tokens (each admission yields a token
   before the row can be preempted again), the progress guarantee.
@@ -246,7 +246,7 @@ def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> N
 
     s = summarize(res)
     assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
-    assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"] + s["abandoned_tokens"]
+    assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)
     if chunked:  # every prefill token counted once per (re)computation, in its chunks
         assert s["prefill_tokens"] == sum(st_.prefill_tokens for st_ in res.steps)
@@ -261,7 +261,7 @@ def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> N
                 continue  # a genuine fp32 tie: the continuation after it may differ
         else:
             assert out == want, f"{seq.id}: seeded sampling gave other tokens"
-        stops = seq.stop_ids()
+        stops = seq.stop_ids
         if seq.finish_reason == "length":
             assert len(out) == seq.sampling.max_tokens and not stops & set(out)
         else:

@@ -97,12 +97,13 @@ def simulated_engine(
     overlap: bool = False,
 ) -> Any:
     model, tok = tiny
-    engine = build_engine(cfg_for(overrides), model, torch.device("cpu"), torch.float32, Hooks())
     cost = LinearCost()
+    host = cost.host.seconds if host_model else None
+    clock = VirtualClock(host_s=host, overlap=overlap)
+    cfg = cfg_for(overrides)
+    engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, Hooks(), clock=clock)
     tokens = TokenStreams(model.config.vocab_size, tok.eos_token_id, replay)
     engine.executor = SimulatedExecutor(cost, tokens, readback_s=readback_s, overlap=overlap)
-    host = cost.host.seconds if host_model else None
-    engine.clock = VirtualClock(host_s=host, overlap=overlap)
     return engine
 
 
@@ -643,7 +644,7 @@ def test_the_scale_experiment_runs_a_trace_slice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from experiments.sim.sim_scale import main
-    from experiments.toolkit.paths import TRACES
+    from framework.run.paths import TRACES
 
     if not TRACES["conv"].is_file():
         pytest.skip("the Azure traces live in ../shared, absent here")

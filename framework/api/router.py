@@ -50,7 +50,7 @@ class ReplicaView:
         """Requests routed here and not running: not yet arrived at its clock, or queued;
         on a decode replica also those whose KV is on its way here or has landed."""
         e = self._engine
-        return len(e.pending) + len(e.waiting) + len(e.receiving)
+        return len(e.pending) + len(e.waiting) + len(e.handoffs.receiving)
 
     @property
     def running(self) -> int:
@@ -82,7 +82,7 @@ class ReplicaView:
         held = [
             *e.pending,
             *e.waiting,
-            *e.receiving.values(),
+            *e.handoffs.receiving.values(),
             *(s for s in e.running if not s.finished),
         ]
         return sum(max(0, s.sampling.max_tokens - len(s.output_token_ids)) for s in held)

@@ -1,8 +1,8 @@
-"""The batch build: the running rows, as planned, packed into one `StepBatch`.
+"""The batch build: a step's plan packed into one `StepBatch`, reading the plan alone.
 
-Each row gets its query tokens (a prompt chunk, one decode token, or a token still on the
-device), the cache slots it writes and the context it reads. Its counts are taken while
-packing, so nobody passes over the rows again.
+Each of the plan's rows gets its query tokens (a prompt chunk, one decode token, or a token
+still on the device), the cache slots it writes and the context it reads. Its counts are
+taken while packing, so nobody passes over the rows again.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.held import HeldStep
 from framework.engine.invariants import InvariantError
+from framework.engine.planner import StepPlan
 from framework.engine.sequence import Sequence
 
 
@@ -55,29 +56,28 @@ class BatchBuilder:
         self.short_table = short_table  # what an IndexError means for a row
         self.map_slots = True
 
-    def build(
-        self, running: list[Sequence], chunks: dict[Sequence, int], newest: HeldStep | None
-    ) -> StepBatch:
-        """One packed batch. While the rows are exactly those of the newest held step, every
-        row with a held token takes it from that step's device tensor: nothing crosses to the
-        host (a row part way through a chunked prefill sends its next prompt tokens).
-        `chunks` holds the rows that compute less than all they have pending."""
+    def build(self, plan: StepPlan, newest: HeldStep | None) -> StepBatch:
+        """The plan's rows, packed, each computing `plan.tokens(seq)`. While the rows are
+        exactly those of the newest held step, every row with a held token takes it from
+        that step's device tensor: nothing crosses to the host (a row part way through a
+        chunked prefill sends its next prompt tokens)."""
         bs = self.block_size
+        running = plan.rows
+        partial = plan.partial
         from_device = newest is not None and newest.rows == running
         map_slots = self.map_slots
         rows: list[Row] = []
         num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
         try:
             for i, seq in enumerate(running):
-                # `finished`, `total_len` and `id` inlined: this loop runs for every row of
-                # every step, and at trace scale it is the largest share of the engine's
-                # host work.
+                # `total_len` and `id` inlined: this loop runs for every row of every step,
+                # and at trace scale it is the largest share of the engine's host work.
                 spec = seq.spec
                 sampling = spec.sampling
                 out = seq.output_token_ids
                 index = len(out) + seq.num_held
-                total_len = seq._prompt_len + index
-                if seq.finish_reason is not None or index >= seq._max_tokens:
+                total_len = seq.prompt_len + index
+                if seq.finished:
                     # Still in a static batch: computed like a decode row over its cached
                     # context, kept by nobody. Its K/V goes to the scratch block: no live
                     # block is touched.
@@ -114,7 +114,7 @@ class BatchBuilder:
                     tokens = [out[-1]] if out else [spec.prompt_token_ids[-1]]
                     row_slots = [table[start // bs] * bs + start % bs]
                 else:
-                    n = chunks.get(seq)  # None: all it has pending
+                    n = partial.get(seq)  # None: all it has pending
                     if n is None:
                         tokens = seq.tokens_from(start)
                     else:

@@ -119,7 +119,7 @@ class Cluster:
                 upcoming[chosen] = self._next_time(chosen)
                 i += 1
             elif upcoming[first] == inf:
-                if moves is not None and moves.waiting:
+                if moves is not None and moves.unreserved:
                     raise moves.stuck()
                 break
             else:
@@ -130,12 +130,12 @@ class Cluster:
                 e.clock.resume()
                 stats = e.advance()
                 e.clock.pause()
-                if stats is None and (e.sending or e.receiving) and e.waiting and not e.running:
+                if stats is None and e.handoffs and e.waiting and not e.running:
                     self.stalled.add(first)
                 upcoming[first] = self._next_time(first)
                 if moves is not None:
                     moves.collect(first)
-                    if moves.waiting:
+                    if moves.unreserved:
                         for dst in moves.place(e.now()):
                             upcoming[dst] = self._next_time(dst)
         return self.finish(specs)
@@ -146,7 +146,7 @@ class Cluster:
         engine = self.engines[index]
         if engine.running or (engine.waiting and index not in self.stalled):
             return engine.now()
-        if engine.pending or engine.landed:
+        if engine.pending or engine.handoffs.landed:
             return max(engine.now(), engine.next_work())
         return float("inf")
 

@@ -80,11 +80,12 @@ class Counters:
         0  # tokens whose K/V was computed, dropped by preemption, computed again
     )
     transfers: int = 0  # device-to-host readbacks of sampled tokens
-    # Output accounting: deferred = tokens_kept + overshoot + abandoned + held, always.
+    # Output accounting: deferred = tokens_kept + overshoot + held, always. No held token is
+    # ever lost to a preemption: held tokens come home before any row is preempted
+    # (`Planner.grow`, `Planner.displace`; `Planner.preempt` refuses a row with one).
     deferred_tokens: int = 0  # sampled for a live request and held on the device
     held_tokens: int = 0  # of those, still on the device
     overshoot_tokens: int = 0  # arrived after their request's stop token: waste of the window
-    abandoned_tokens: int = 0  # their request was preempted while they were in flight
     expected_overshoot: float = 0.0
     # Prefix caching (allocator=prefix_cache): prompt tokens looked up at first admission,
     # and of those found cached; at a re-admission after a preemption, the cached tokens

@@ -35,7 +35,7 @@ from framework.api.router import ClusterView, ReplicaView, Router
 from framework.engine.invariants import InvariantError
 from framework.engine.link import Link, Overlap, Transfer, TransferRecord
 from framework.engine.loop import Engine
-from framework.engine.planner import HandOff
+from framework.engine.replica_handoffs import HandOff
 from framework.engine.sequence import Sequence, Status
 
 
@@ -87,7 +87,7 @@ class HandOffs:
         self.layerwise = layerwise
         # At their prefill replica, in hand-off order: (replica, hand-off, the `place` call
         # it came before: a later one means it waited).
-        self.waiting: deque[tuple[int, HandOff, int]] = deque()
+        self.unreserved: deque[tuple[int, HandOff, int]] = deque()
         self._placing = 0
         self.decode_of: dict[str, int] = {}
         self.records: list[TransferRecord] = []
@@ -98,7 +98,7 @@ class HandOffs:
         for h in self.engines[src].take_handed_off():
             if h.seq.status is not Status.SENDING or h.seq.id in self.decode_of:
                 raise InvariantError(f"{h.seq.id} handed off twice, or not after its prefill")
-            self.waiting.append((src, h, self._placing))
+            self.unreserved.append((src, h, self._placing))
 
     def place(self, now: float) -> list[int]:
         """Reserve and send from the head of the queue until a decode replica declines;
@@ -108,15 +108,15 @@ class HandOffs:
         placed: list[int] = []
         fresh = self._placing
         self._placing += 1
-        while self.waiting:
-            src, h, since = self.waiting[0]
+        while self.unreserved:
+            src, h, since = self.unreserved[0]
             start = h.at if since == fresh else max(now, h.at)
             view = ClusterView(now=start, replicas=self.views)
             dst = self.decoders[self._choose(view, h.seq)]
             copy = self.engines[dst].reserve(h.seq)
             if copy is None:  # it waits at its prefill replica, its blocks held there
                 break
-            self.waiting.popleft()
+            self.unreserved.popleft()
             self.decode_of[h.seq.id] = dst
             overlap = None
             if self.layerwise and start == h.at and self.kv.layers > 0:
@@ -175,15 +175,15 @@ class HandOffs:
     @property
     def pending(self) -> bool:
         """Hand-offs waiting for a reservation or transfers not yet done."""
-        return bool(self.waiting or self.link.busy)
+        return bool(self.unreserved or self.link.busy)
 
     # ---- the end -----------------------------------------------------------------------
     def stuck(self) -> PolicyError:
         """Nothing left to happen, yet requests wait for a decode replica's blocks: every
         decode-capable replica is idle and its allocator still declines."""
-        src, h, _ = self.waiting[0]
+        src, h, _ = self.unreserved[0]
         return PolicyError(
-            f"{len(self.waiting)} requests wait at their prefill replicas for a decode "
+            f"{len(self.unreserved)} requests wait at their prefill replicas for a decode "
             f"replica's blocks, the first {h.seq.id} ({h.seq.num_tokens} tokens, at replica "
             f"{src}), and every decode-capable replica is idle: their allocators decline it"
         )
@@ -199,7 +199,7 @@ class HandOffs:
                 f"{requests} requests"
             )
         for i, e in enumerate(self.engines):
-            if e.sending or e.receiving or e.landed:
+            if e.handoffs or e.handoffs.landed:
                 raise InvariantError(f"replica {i} still holds KV for a transfer")
         for r in self.records:
             if self.decode_of.get(r.id) != r.dst:

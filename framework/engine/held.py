@@ -16,11 +16,11 @@ from framework.api.policy import OutputView
 from framework.engine.clock import Clock
 from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters
-from framework.engine.frozen import make_frozen
 from framework.engine.invariants import InvariantError
 from framework.engine.phases import PhaseTimer
 from framework.engine.readback import Pending, Readback
 from framework.engine.sequence import Sequence, Status
+from framework.engine.view_factory import make_frozen
 
 
 @dataclass
@@ -173,12 +173,12 @@ class HeldTokens:
                 if seq.first_token_at is None:
                     seq.first_token_at = now
                 kept += 1
-                if token in seq._stop_ids:  # `seq.stop_ids()`, inlined (every token)
+                if token in seq.stop_ids:
                     seq.finish_reason = "stop"
                     if window >= 1:
                         counters.expected_overshoot += (window + 1) / 2
-                elif len(out) >= seq._max_tokens:
-                    if len(out) < seq.spec.sampling.max_tokens:  # done here, owed elsewhere
+                elif len(out) >= seq.output_limit:
+                    if seq.hands_off:  # done here, owed elsewhere
                         seq.status = Status.SENDING
                         self.handed.append((seq, h.forward_s))
                         continue

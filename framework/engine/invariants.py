@@ -67,11 +67,10 @@ def check_step(
     except BlockPoolError as exc:
         raise InvariantError(str(exc)) from exc
     c = counters
-    if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.abandoned_tokens + c.held_tokens:
+    if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.held_tokens:
         raise InvariantError(
             f"token conservation broken: deferred {c.deferred_tokens} != kept {c.tokens_kept}"
-            f" + overshoot {c.overshoot_tokens} + abandoned {c.abandoned_tokens}"
-            f" + held {c.held_tokens}"
+            f" + overshoot {c.overshoot_tokens} + held {c.held_tokens}"
         )
     if held_steps > window:
         raise InvariantError(
@@ -113,13 +112,10 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
         raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
     if held or counters.held_tokens:
         raise InvariantError(f"{len(held)} steps of sampled tokens never reached the host")
-    if counters.deferred_tokens != (
-        counters.tokens_kept + counters.overshoot_tokens + counters.abandoned_tokens
-    ):
+    if counters.deferred_tokens != counters.tokens_kept + counters.overshoot_tokens:
         raise InvariantError(
             f"token conservation broken at the end: deferred {counters.deferred_tokens} != kept "
-            f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens} + abandoned "
-            f"{counters.abandoned_tokens}"
+            f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens}"
         )
     pool.check()
     if pool.num_used:
@@ -132,7 +128,7 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
             continue
         n = len(s.output_token_ids)
         delivered += n - s.carried
-        stops = s.stop_ids()
+        stops = s.stop_ids
         if any(t in stops for t in s.output_token_ids[:-1]):
             raise InvariantError(f"{s.id} kept tokens after a stop token")
         if s.status is Status.TRANSFERRED:

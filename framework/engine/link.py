@@ -50,7 +50,7 @@ class Transfer:
     sent_before: float = 0.0  # bytes a layer-wise transfer sent during its prefill
     flow_end: float | None = None
     done_at: float | None = None
-    _order: int = field(default=0, repr=False)
+    order: int = field(default=0, repr=False)  # the link's count of sends: a tie-break
 
 
 def overlapped_bytes(total: float, overlap: Overlap, rate: float) -> float:
@@ -102,9 +102,9 @@ class Link:
             raise ValueError(f"a transfer starting at {t.start} is before the link's {self.now}")
         if t.bytes < 0:
             raise ValueError(f"a transfer of {t.bytes} bytes")
-        t._order = next(self._count)
+        t.order = next(self._count)
         t.remaining = t.bytes
-        heapq.heappush(self._starting, (t.start, t._order, t))
+        heapq.heappush(self._starting, (t.start, t.order, t))
 
     def next_time(self) -> float:
         """When the link's next event happens (inf when it has none)."""
@@ -136,7 +136,7 @@ class Link:
                 t.remaining = 0.0
                 t.flow_end = until
                 t.done_at = until + self.latency
-                heapq.heappush(self._landing, (t.done_at, t._order, t))
+                heapq.heappush(self._landing, (t.done_at, t.order, t))
                 changed = True
             else:
                 t.remaining = max(t.remaining - t.rate * elapsed, 0.0)

@@ -1,19 +1,21 @@
 """The engine: one step at a time, policies decide and the engine applies.
 
-    step = arrive -> plan (evict, grow, displace, choose, admit) -> build -> execute
-           -> record -> release held tokens (drain, apply) -> observe
+    step = arrive -> plan (evict, grow, displace, choose, admit) -> build(plan) -> execute
+           -> update_from_output(plan) (record, hold, release held tokens, hand off) -> observe
 
-Each phase is a call into the module that owns it: `planner` (which rows the forward
-computes, every policy decision checked and applied), `batch_build` (the rows packed for the
-executor), `held` (sampled tokens on the device until the output policy lets them home). The
-pool hides whether prefixes are cached (`block_pool`, `prefix_cache`). Every mutation of
-sequences and blocks happens in these modules, after the engine has validated the policy's
-decision, so the invariants live in one place and are checked every step (`invariants`).
+Each phase is a call into the object that owns it: the `planner` (the one owner of the
+queues: which rows the forward computes, every policy decision checked and applied, every
+release), the batch build (the plan's rows packed for the executor; it reads the plan alone),
+the held tokens (sampled tokens on the device until the output policy lets them home). Ends
+from outside (`aborts`) and a cluster's hand-offs (`planner.handoffs`) are objects of their
+own. The pool hides whether prefixes are cached (`block_pool`, `prefix_cache`). Every
+mutation of sequences and blocks happens in these objects, after the engine has validated
+the policy's decision, so the invariants live in one place and are checked every step
+(`invariants`). The clock is given once, when the engine is built.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,62 +23,31 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.api.guard import Guarded
-from framework.api.policy import (
-    Allocator,
-    OutputPolicy,
-    PolicyError,
-    Preemption,
-    Scheduler,
-    overrides,
-)
-from framework.engine.abort_side import AbortSide
+from framework.api.policy import PolicyError, Scheduler, overrides
+from framework.engine.aborts import Aborts
 from framework.engine.batch import StepBatch
 from framework.engine.batch_build import BatchBuilder
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters, StepStats
-from framework.engine.executor import Executor
-from framework.engine.handoff_side import HandOffSide
-from framework.engine.heap import frozen_heap
+from framework.engine.executor import ExecResult, Executor
+from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import check_end, check_step
 from framework.engine.phases import PhaseTimer
 from framework.engine.planner import Planner, StepPlan
 from framework.engine.readback import Readback
+from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence, Status
+from framework.engine.sequence import ABORTED, Sequence, Status
+from framework.engine.settings import Limits, Policies
 from framework.engine.step_log import StepLog
 
 if TYPE_CHECKING:
+    from collections import deque
+
     from framework.engine.link import TransferRecord
-
-
-@dataclass
-class Limits:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"engine.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"engine.max_num_seqs ({self.max_num_seqs}): every row costs at least one token"
-            )
-
-
-@dataclass
-class Policies:
-    scheduler: Scheduler
-    allocator: Allocator
-    preemption: Preemption
-    output: OutputPolicy
-    names: dict[str, str]  # group -> registered name, for error messages
-    providers: dict[str, str] = field(default_factory=dict)  # group -> plugin distribution
 
 
 @dataclass
@@ -112,7 +83,7 @@ def describe(executor: Any) -> dict[str, str]:
     return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
-class Engine(HandOffSide, AbortSide):
+class Engine:
     def __init__(
         self,
         executor: Executor,
@@ -135,10 +106,9 @@ class Engine(HandOffSide, AbortSide):
         self.limits = limits
         self.hooks = hooks
         self.check_invariants = check_invariants
-        self._clock: Clock = clock or WallClock()
-        self.pending: deque[Sequence] = deque()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        # Every timestamp goes through this one clock, given here and never replaced: the
+        # planner and the held tokens stamp their times on it too.
+        self.clock: Clock = clock or WallClock()
         self.seqs: list[Sequence] = []
         self.steps = StepLog()
         self.counters = Counters()
@@ -147,42 +117,34 @@ class Engine(HandOffSide, AbortSide):
         self.readback = Readback(device or torch.device("cpu"))
         self.output = HeldTokens(self.readback, self.costs, self.clock, self.counters, self.timer)
         self.planner = Planner(
-            self.waiting,
-            self.running,
-            pool,
-            self.p,
-            limits,
-            self.counters,
-            self.output,
-            self.steps,
-            self.clock,
+            pool, self.p, limits, self.counters, self.output, self.steps, self.clock
         )
+        self.aborts = Aborts(self.planner, self.output, self.counters)
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
         # Prefill/decode disaggregation, set by a cluster for a `prefill` replica: the
         # output tokens it generates of each request before handing it off (1: the first).
         # None: every token, as one engine.
         self.tokens_here: int | None = None
-        # Running requests to end at the start of the next step (`abort`), with the reason.
-        self.aborting: dict[Sequence, str] = {}
-        planner = self.planner  # the hand-off books live with the planner, which moves rows
-        self.sending, self.receiving, self.landed = (
-            planner.sending,
-            planner.receiving,
-            planner.landed,
-        )
+
+    # The queues, read through their one owner (the planner): a router's and a server's view.
+    @property
+    def pending(self) -> deque[Sequence]:
+        return self.planner.pending
 
     @property
-    def clock(self) -> Clock:
-        return self._clock
-
-    @clock.setter
-    def clock(self, clock: Clock) -> None:
-        """Every timestamp goes through this one clock, the held tokens' included: a clock
-        set after the engine is built (a simulation's) replaces it everywhere."""
-        self._clock = self.output.clock = self.planner.clock = clock
+    def waiting(self) -> deque[Sequence]:
+        return self.planner.waiting
 
     @property
-    def chunks(self) -> bool:
+    def running(self) -> list[Sequence]:
+        return self.planner.running
+
+    @property
+    def handoffs(self) -> ReplicaHandOffs:
+        return self.planner.handoffs
+
+    @property
+    def cuts_prefills(self) -> bool:
         """The scheduler cuts prefills (it has a `chunk` of its own): then a request longer
         than the token budget is served in chunks, not rejected."""
         return overrides(self.p.scheduler, Scheduler, "chunk")
@@ -216,7 +178,7 @@ class Engine(HandOffSide, AbortSide):
         self.output.readback_s = getattr(self.executor, "readback_s", None)
         # A scheduler that keeps a default is not asked for it: a view a step fewer.
         self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
-        self.planner.chunks = self.chunks
+        self.planner.lookups.cuts_prefills = self.cuts_prefills
 
     def submit(self, spec: RequestSpec, eos_token_id: int | None) -> Sequence:
         """One more request, arriving no earlier than any submitted before it (a cluster's
@@ -233,26 +195,27 @@ class Engine(HandOffSide, AbortSide):
         if reason:
             seq.status, seq.reject_reason = Status.REJECTED, reason
         else:
-            self.pending.append(seq)
+            self.planner.enqueue(seq)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.pending or self.waiting or self.running or self.landed)
+        q = self.planner
+        return bool(q.pending or q.waiting or q.running or q.handoffs.landed)
 
     def next_work(self) -> float:
         """When an engine with nothing queued or running next has something to do: its next
         arrival, or the landing of a request's KV (a decode replica), whichever is first."""
         times = []
-        if self.pending:
-            times.append(self.pending[0].arrival)
-        if self.landed:
-            times.append(self.landed[0][0])
+        if self.planner.pending:
+            times.append(self.planner.pending[0].arrival)
+        if self.planner.handoffs.landed:
+            times.append(self.planner.handoffs.landed[0][0])
         return min(times)
 
     def advance(self) -> StepStats | None:
         """One step; when nothing has arrived yet, the clock first gets to the next arrival.
         Returns the step's stats, None when nothing ran."""
-        if not self.waiting and not self.running:
+        if not self.planner.waiting and not self.planner.running:
             self.clock.wait_until(self.next_work())
         return self.step()
 
@@ -291,7 +254,7 @@ class Engine(HandOffSide, AbortSide):
                 f"prompt + max_tokens = {seq.max_len} needs {need} blocks; the pool has "
                 f"{self.pool.num_blocks} (engine.num_blocks)"
             )
-        if seq.max_len > self.limits.max_num_batched_tokens and not self.planner.chunks:
+        if seq.max_len > self.limits.max_num_batched_tokens and not self.cuts_prefills:
             return (
                 f"prompt + max_tokens = {seq.max_len} exceeds engine.max_num_batched_tokens "
                 f"= {self.limits.max_num_batched_tokens} (a preempted request is prefilled "
@@ -299,22 +262,50 @@ class Engine(HandOffSide, AbortSide):
             )
         return None
 
+    # ---- ends from outside, and a cluster's hand-offs ---------------------------------
+    def abort(self, seq: Sequence, reason: str = ABORTED) -> None:
+        """End `seq` before its stop or length (`Aborts.abort`); between steps only."""
+        if self.aborts.abort(seq, reason):
+            self._notify([seq])
+
+    def take_handed_off(self) -> list[HandOff]:
+        """The requests handed off since the last call (a prefill replica's, each after its
+        first token), their blocks still held here until `release_sent`."""
+        return self.planner.handoffs.take()
+
+    def reserve(self, seq: Sequence) -> Sequence | None:
+        """Blocks for `seq`'s KV before it is sent (`ReplicaHandOffs.reserve`): the request
+        as this replica will serve it, or None when it cannot be reserved now."""
+        copy = self.planner.handoffs.reserve(
+            seq, self.pool, self.p.allocator, self.planner.view, self._fail
+        )
+        if copy is not None:
+            self.seqs.append(copy)
+        return copy
+
+    def accept(self, copy: Sequence, at: float) -> None:
+        """`copy`'s KV has landed in its reserved blocks at `at`."""
+        self.planner.handoffs.accept(copy, at)
+
+    def release_sent(self, seq: Sequence, at: float) -> None:
+        """`seq`'s KV has reached its decode replica: its blocks here are freed."""
+        self.planner.release(self.planner.handoffs.sent(seq), Status.TRANSFERRED, at)
+
     # ---- one step --------------------------------------------------------------------
     def step(self) -> StepStats | None:
         self.timer.start()
         self.output.begin_step()
-        self._arrive()
-        if self.aborting:
-            self._abort_running()
+        self.planner.arrive(self.now())
+        if self.aborts.aborting:
+            self.aborts.end_running()
         transfers = self.counters.transfers
         plan = self.planner.plan(self.timer)
-        if not self.running:
+        if not plan.rows:
             return self._idle()
-        batch = self.builder.build(self.running, plan.chunks, self.output.newest)
+        batch = self.builder.build(plan, self.output.newest)
         self.timer.lap("build")
-        wasted = self._execute(batch)
-        self._release()
-        self.planner.hand_off()
+        result, ready_at = self._execute(batch)
+        wasted = self.update_from_output(plan, batch, result, ready_at)
         kept, finished = self.output.take()
         self._notify(finished)
         stats = self._stats(batch, plan, kept, wasted, transfers)
@@ -326,29 +317,21 @@ class Engine(HandOffSide, AbortSide):
         self.steps.append(stats)
         return stats
 
-    def _arrive(self) -> None:
-        """Requests whose arrival time has come join the waiting queue."""
-        now = self.now()
-        while self.pending and self.pending[0].arrival <= now:
-            seq = self.pending.popleft()
-            seq.status = Status.WAITING
-            self.waiting.append(seq)
-
     def _idle(self) -> None:
         """Nothing runs this step: a scheduler that admits no one while requests wait and
         none is still to arrive would stall the run forever (unless blocks held for KV
         transfers, which will be freed, are what keeps them out)."""
         self._notify(self.output.take()[1])
-        if self.waiting and not self.pending and not (self.sending or self.receiving):
+        q = self.planner
+        if q.waiting and not q.pending and not q.handoffs:
             raise self._fail(
                 "scheduler",
-                f"admitted nothing while the engine is idle and {len(self.waiting)} requests wait",
+                f"admitted nothing while the engine is idle and {len(q.waiting)} requests wait",
             )
 
-    def _execute(self, batch: StepBatch) -> int:
-        """The forward and sampling, then their results recorded: each row's computed
-        positions advance, its written blocks are published, its token is held. Returns the
-        rows whose token nobody keeps."""
+    def _execute(self, batch: StepBatch) -> tuple[ExecResult, float]:
+        """The forward and sampling, timed. Returns the executor's result and when the
+        step's tokens exist on the device."""
         self.clock.executing(len(batch.rows))
         result = self.executor.execute(batch)
         ready_at, waited = self.clock.executed(result.prepare_s, result.forward_s + result.sample_s)
@@ -361,42 +344,46 @@ class Engine(HandOffSide, AbortSide):
         timer.skip()
         if batch.decode_rows == len(batch.rows):
             self.costs.observe_forward(len(batch.rows), result.forward_s)
+        return result, ready_at
+
+    def update_from_output(
+        self, plan: StepPlan, batch: StepBatch, result: ExecResult, ready_at: float
+    ) -> int:
+        """Every change the forward makes, in one place: each planned row's computed
+        positions advance and its written blocks are published; its sampled token is held
+        on the device; the output policy keeps the newest held steps there and the rest come
+        home and reach their requests (stops, finishes and hand-offs: `HeldTokens.apply`);
+        the rows done here are handed off; the counters. Returns the rows whose token nobody
+        keeps."""
+        rows = plan.rows
         wasted = 0
         unkept: list[bool] = []  # rows whose token nobody keeps
-        for row_seq, row in zip(self.running, batch.rows, strict=True):
+        for seq, row in zip(rows, batch.rows, strict=True):
             if row.discard:
                 wasted += 1
                 unkept.append(True)
             else:
-                row_seq.num_computed = row.ctx_len  # start_pos + its tokens
+                seq.num_computed = row.ctx_len  # start_pos + its tokens
                 if row.samples:  # a chunk short of the end samples nothing
-                    row_seq.num_held += 1
+                    seq.num_held += 1
                 unkept.append(not row.samples)
-        self.pool.publish_written(self.running, self.counters)
-        self.counters.token_slots += batch.sampling_rows
-        self.counters.prefill_tokens += batch.prefill_tokens
-        self.counters.prefill_chunks += len(batch.rows) - batch.decode_rows
-        self.output.hold(
-            list(self.running),
-            unkept,
-            result.tokens,
-            self.p.output.window(),
-            ready_at,
-            result.forward_s,
-        )
-        return wasted
-
-    def _release(self) -> None:
-        """The output policy keeps the newest held steps on the device; the rest come home
-        in one transfer and reach their requests."""
-        held = len(self.output.steps)
-        keep = self.p.output.keep(self.output.view(len(self.steps), self.running))
+        counters = self.counters
+        self.pool.publish_written(rows, counters)
+        counters.token_slots += batch.sampling_rows
+        counters.prefill_tokens += batch.prefill_tokens
+        counters.prefill_chunks += len(batch.rows) - batch.decode_rows
+        output = self.output
+        output.hold(rows, unkept, result.tokens, self.p.output.window(), ready_at, result.forward_s)
+        held = len(output.steps)
+        keep = self.p.output.keep(output.view(len(self.steps), rows))
         if not 0 <= keep <= held:
             raise self._fail("output", f"asked to keep {keep} of {held} held steps")
-        drained = self.output.drain(held - keep)
+        drained = output.drain(held - keep)
         self.timer.lap("output")
-        self.output.apply(drained)
+        output.apply(drained)
         self.timer.lap("apply")
+        self.planner.hand_off()
+        return wasted
 
     def _stats(
         self, batch: StepBatch, plan: StepPlan, kept: int, wasted: int, transfers: int
@@ -416,7 +403,7 @@ class Engine(HandOffSide, AbortSide):
             admitted=plan.admitted,
             evicted=plan.evicted,
             preempted=plan.preempted,
-            waiting=len(self.waiting),
+            waiting=len(self.planner.waiting),
             blocks_in_use=self.pool.num_used,
             transfers=self.counters.transfers - transfers,
             held_steps=len(self.output.steps),
@@ -427,8 +414,8 @@ class Engine(HandOffSide, AbortSide):
     def _check(self, batch: StepBatch, window: float) -> None:
         check_step(
             batch,
-            running=self.running,
-            parked=[*self.sending.values(), *self.receiving.values()],
+            running=self.planner.running,
+            parked=self.planner.handoffs.parked(),
             pool=self.pool,
             counters=self.counters,
             held_steps=len(self.output.steps),

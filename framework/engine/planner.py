@@ -2,14 +2,17 @@
 
     evict -> grow (preempt while the pool is dry) -> displace -> choose admissions -> admit
 
-The policies decide each part through a view; the planner checks every decision against the
-contract and the budgets, then applies it: blocks freed and allocated, requests moved
-between the queues. Its result, a `StepPlan`, is what the batch build reads. Whenever the
-rows are about to change, every held token comes home first (`HeldTokens.drain_all`).
+The planner is the one owner of the queues: requests not yet arrived (`pending`), arrived and
+not running (`waiting`), the rows of the next forward (`running`). Every move between them,
+and every release of a request's blocks (`release`), happens here; the abort and hand-off
+books ask it to move what they end or send.
 
-The planner is also the engine's side of the views' questions (`ViewRules`): a chunk as the
-scheduler gives it, a prefix lookup, the allocator's veto. A lookup's finding for a waiting
-request is the engine's to record, and is recorded here.
+The policies decide each part of a step's plan through a view; the planner checks every
+decision against the contract and the budgets, then applies it: blocks freed and allocated,
+requests moved between the queues. Its result, a `StepPlan`, is all the batch build reads.
+Whenever the rows are about to change, every held token comes home first (`drain_all`).
+A view's questions (a chunk, a prefix lookup, the allocator's veto) are answered by
+`Lookups`, which holds no queue.
 """
 
 from __future__ import annotations
@@ -23,48 +26,40 @@ from framework.api.policy import EngineView, PolicyError, QueueView
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
 from framework.engine.counters import Counters, StepStats
-from framework.engine.frozen import make_frozen
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import InvariantError
+from framework.engine.lookups import Lookups
 from framework.engine.phases import PhaseTimer
+from framework.engine.replica_handoffs import ReplicaHandOffs
 from framework.engine.sequence import Sequence, Status
-
-
-@dataclass(frozen=True)
-class HandOff:
-    """A request whose part on this replica is done (a prefill replica's, at its first
-    token): when it left the running rows, its blocks still held, and the forward seconds
-    of the step that sampled its token (what a layer-wise transfer overlaps)."""
-
-    seq: Sequence
-    at: float
-    forward_s: float
+from framework.engine.view_factory import make_frozen
 
 
 @dataclass
 class StepPlan:
-    """What this step's planning did, and what the batch build needs of it."""
+    """One step's plan: everything the batch build reads, and what planning did.
 
+    `rows` are the forward's rows in order. Each computes `tokens(seq)` tokens: all it has
+    pending (`step_tokens`; a finished row of a static batch, one), or, for a row cut short
+    (chunked prefill), the count in `partial`. `cache_hits` holds each admission's leading
+    tokens found in the prefix cache, which its forward reads and does not compute."""
+
+    rows: list[Sequence] = field(default_factory=list)
+    partial: dict[Sequence, int] = field(default_factory=dict)
+    cache_hits: dict[Sequence, int] = field(default_factory=dict)
     evicted: int = 0
     preempted: int = 0
     admitted: int = 0
-    # The rows that compute less than all they have pending (chunked prefill), and how much.
-    chunks: dict[Sequence, int] = field(default_factory=dict)
 
-
-def any_finished(running: list[Sequence]) -> bool:
-    """Whether a running row is `finished` (inlined: it runs every step)."""
-    for s in running:
-        if s.finish_reason is not None or len(s.output_token_ids) + s.num_held >= s._max_tokens:
-            return True
-    return False
+    def tokens(self, seq: Sequence) -> int:
+        """The tokens `seq`'s row computes in this step's forward."""
+        n = self.partial.get(seq)
+        return seq.step_tokens if n is None else n
 
 
 class Planner:
     def __init__(
         self,
-        waiting: deque[Sequence],
-        running: list[Sequence],
         pool: BlockPool,
         policies: Any,
         limits: Any,
@@ -73,8 +68,9 @@ class Planner:
         steps: list[StepStats],
         clock: Clock,
     ) -> None:
-        self.waiting = waiting
-        self.running = running
+        self.pending: deque[Sequence] = deque()  # not yet arrived, in arrival order
+        self.waiting: deque[Sequence] = deque()  # FCFS; a preempted request at the head
+        self.running: list[Sequence] = []  # the next forward's rows, in admission order
         self.pool = pool
         self.p = policies
         self.limits = limits
@@ -85,21 +81,11 @@ class Planner:
         # as soon as its last reference goes, not at the garbage collector's next pass.
         self.clock = clock
         self.displaces = True  # whether the scheduler has a `displace` of its own
-        self.chunks = True  # whether it has a `chunk` of its own
+        self.lookups = Lookups(pool, policies)
         self._admit_counter = 0
-        # Waiting requests whose `cached_prefix` a lookup set: cleared at the next choice of
-        # admissions, so a finding never outlives the step it was made in (the blocks it
-        # counted may be evicted since).
-        self._hinted: list[Sequence] = []
-        # A cluster's prefill/decode disaggregation (each empty otherwise). Here a request's
-        # blocks are held either by a running row or by one of these:
-        # - `sending`: handed off after its part here (its first token), its KV not yet sent;
-        # - `receiving`: blocks reserved for a request's KV coming from a prefill replica,
-        #   in flight or `landed` (arrived, at that time), until it joins the running rows.
-        self.sending: dict[str, Sequence] = {}
-        self.outbox: list[HandOff] = []  # hand-offs the cluster has not taken yet
-        self.receiving: dict[str, Sequence] = {}
-        self.landed: deque[tuple[float, Sequence]] = deque()
+        # A cluster's prefill/decode disaggregation: the requests handed off or arriving,
+        # each holding blocks outside the running rows (empty on one engine).
+        self.handoffs = ReplicaHandOffs()
 
     def now(self) -> float:
         return self.clock.now()
@@ -114,18 +100,48 @@ class Planner:
     def plan(self, timer: PhaseTimer) -> StepPlan:
         plan = StepPlan()
         plan.evicted = self.evict()
-        if self.landed:
+        if self.handoffs.landed:
             self.join_landed()
         timer.lap("schedule")
         plan.preempted = self.grow()
         timer.lap("allocate")
         plan.preempted += self.displace()
-        admitted, plan.chunks = self.choose()
+        admitted, plan.partial = self.choose()
         timer.lap("schedule")
-        self.admit(admitted)
+        self.admit(admitted, plan.cache_hits)
         timer.lap("allocate")
         plan.admitted = len(admitted)
+        plan.rows = list(self.running)
         return plan
+
+    # ---- the queues ------------------------------------------------------------------
+    def enqueue(self, seq: Sequence) -> None:
+        """`seq` will arrive (no earlier than any enqueued before it)."""
+        self.pending.append(seq)
+
+    def arrive(self, now: float) -> None:
+        """Requests whose arrival time has come join the waiting queue."""
+        pending = self.pending
+        while pending and pending[0].arrival <= now:
+            seq = pending.popleft()
+            seq.status = Status.WAITING
+            self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """`seq` leaves whichever queue holds it (an abort), its blocks still its own."""
+        if seq.status is Status.PENDING:
+            self.pending.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+
+    def join(self, seq: Sequence) -> None:
+        """`seq` joins the running rows, the newest admitted."""
+        seq.status = Status.RUNNING
+        seq.admit_order = self._admit_counter
+        self._admit_counter += 1
+        self.running.append(seq)
 
     # ---- views and their rules -------------------------------------------------------
     def view(self, planned: int | None = None) -> EngineView:
@@ -140,39 +156,13 @@ class Planner:
             num_blocks=self.pool.num_blocks,
             max_num_seqs=self.limits.max_num_seqs,
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
-            blocks_to_admit=self.price,
+            blocks_to_admit=self.lookups.price,
             last_step=self.steps[-1] if self.steps else None,
-            rules=self,
+            rules=self.lookups,
             planned=planned,
         )
 
-    def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
-        """`view.chunk`: under a prefix cache, what `seq` finds cached is left out first."""
-        self.cached_tokens(seq)
-        if not self.chunks:
-            return seq.step_tokens
-        return self.p.scheduler.chunk(view, seq, budget)
-
-    def cached_tokens(self, seq: Sequence) -> int:
-        """`seq`'s leading tokens in the prefix cache now. A waiting request's forward would
-        skip them, so its `step_tokens` leaves them out from here until its admission."""
-        n = self.pool.cached_tokens(seq)
-        if seq.status is Status.WAITING and seq.cached_prefix != n:
-            seq.cached_prefix = n
-            self._hinted.append(seq)
-        return n
-
-    def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
-        return self.p.allocator.admits(view, seq, free_blocks)
-
-    def price(self, seq: Sequence) -> int:
-        """Free blocks admitting `seq` takes: the allocator's price, less the cached blocks
-        it shares that another table holds already (those cost nothing; an evictable cached
-        block costs one, like a fresh one)."""
-        n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
-        return n - self.pool.in_use(self.pool.cached_blocks(seq))
-
-    # ---- hand-offs (prefill/decode disaggregation) ------------------------------------
+    # ---- held tokens home, and hand-offs (prefill/decode disaggregation) -------------
     def drain_all(self) -> None:
         """Every held token home; a request whose part here that ends leaves the rows."""
         self.output.drain_all()
@@ -188,8 +178,7 @@ class Planner:
         now = self.now()
         for seq, forward_s in handed:
             self.running.remove(seq)
-            self.sending[seq.id] = seq
-            self.outbox.append(HandOff(seq, now, forward_s))
+            self.handoffs.send(seq, now, forward_s)
         handed.clear()
 
     def join_landed(self) -> None:
@@ -197,24 +186,22 @@ class Planner:
         free, ahead of any admission: their blocks are theirs since the reservation, and
         their prompt is computed (it came over the link)."""
         now = self.now()
-        landed = self.landed
-        if not (landed[0][0] <= now and len(self.running) < self.limits.max_num_seqs):
+        books, cap = self.handoffs, self.limits.max_num_seqs
+        if not (books.landed[0][0] <= now and len(self.running) < cap):
             return
         self.drain_all()  # the rows change: held tokens home first
-        while landed and landed[0][0] <= now and len(self.running) < self.limits.max_num_seqs:
-            _, seq = landed.popleft()
-            del self.receiving[seq.id]
-            seq.status = Status.RUNNING
-            seq.admit_order = self._admit_counter
-            self._admit_counter += 1
-            self.running.append(seq)
+        while books.landed and books.landed[0][0] <= now and len(self.running) < cap:
+            self.join(books.land())
 
     # ---- evict, grow, displace -------------------------------------------------------
     def evict(self) -> int:
         """Release the finished rows the scheduler names. Their held tokens come home first
         (the rows change), which may reveal more finished rows: the scheduler is asked again.
         It is asked only when a row has finished: with none, there is nothing it may name."""
-        if not any_finished(self.running):
+        for s in self.running:
+            if s.finished:
+                break
+        else:
             return 0
         evict = self.p.scheduler.evict(self.view())
         if evict and self.output.steps:
@@ -253,9 +240,7 @@ class Planner:
                 need = [
                     (s, n)
                     for s in self.running
-                    if s.finish_reason is None  # `not s.finished`, inlined
-                    and len(s.output_token_ids) + s.num_held < s._max_tokens
-                    and (n := grow(s, bs, s.num_held)) > 0
+                    if not s.finished and (n := grow(s, bs, s.num_held)) > 0
                 ]
             except PolicyError:
                 raise
@@ -323,12 +308,11 @@ class Planner:
 
     # ---- admissions ------------------------------------------------------------------
     def choose(self) -> tuple[list[Sequence], dict[Sequence, int]]:
-        """The scheduler's admissions, checked against every budget, and the step's chunks."""
-        for seq in self._hinted:
-            if seq.status is Status.WAITING:
-                seq.cached_prefix = 0
-        self._hinted.clear()
-        chunks, tokens = self._plan_running()
+        """The scheduler's admissions, checked against every budget, and the rows that
+        compute fewer than all their pending tokens (with how many)."""
+        lookups = self.lookups
+        lookups.forget()  # a lookup holds for the planning it was made in
+        partial, tokens = self._plan_running()
         view = self.view(planned=tokens)
         admit = self.p.scheduler.admit(view)
         rows = len(self.running)
@@ -339,14 +323,14 @@ class Planner:
                 raise self.fail("scheduler", f"admitted {seq.id}, which is not waiting")
             chosen.add(id(seq))
             rows += 1
-            self.cached_tokens(seq)  # charged what it does not find cached (as it is now)
+            lookups.cached_tokens(seq)  # charged what it does not find cached (as it is now)
             n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens)
             if n != seq.step_tokens:
-                chunks[seq] = n
+                partial[seq] = n
             tokens += n
             if not self.p.allocator.admits(view, seq, self.pool.num_free - blocks):
                 raise self.fail("scheduler", f"admitted {seq.id}, which the allocator declines")
-            blocks += self.price(seq)
+            blocks += lookups.price(seq)
         lim = self.limits
         if rows > lim.max_num_seqs:
             raise self.fail(
@@ -363,7 +347,7 @@ class Planner:
             raise self.fail(
                 "scheduler", f"admissions need {blocks} blocks, {self.pool.num_free} are free"
             )
-        return admit, chunks
+        return admit, partial
 
     def _chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
         """The scheduler's chunk of `seq`'s pending tokens, checked."""
@@ -386,20 +370,21 @@ class Planner:
             s for s in self.running if s.num_computed < s.prefill_end - 1 and s.step_tokens > 1
         ]
         tokens = len(self.running)
-        chunks: dict[Sequence, int] = {}
+        partial: dict[Sequence, int] = {}
         if not partial:
-            return chunks, tokens
+            return partial, tokens
         view = self.view()
         for seq in partial:
             # One token of each row is already counted; the row may take the rest left.
             n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens + 1)
             tokens += n - 1
             if n != seq.step_tokens:
-                chunks[seq] = n
-        return chunks, tokens
+                partial[seq] = n
+        return partial, tokens
 
-    def admit(self, admit: list[Sequence]) -> None:
-        """The chosen requests join the running rows, with their blocks."""
+    def admit(self, admit: list[Sequence], cache_hits: dict[Sequence, int]) -> None:
+        """The chosen requests join the running rows, with their blocks; each one's cached
+        tokens found (under a prefix cache) go into `cache_hits`."""
         if admit:  # the rows change: held tokens must reach their requests first
             self.drain_all()
         # Every admission's cached blocks are taken before any fresh block is handed out:
@@ -408,7 +393,7 @@ class Planner:
         # Each takes exactly the cached blocks it was charged for (a block published since
         # would change the chunk the scheduler chose).
         bs = self.pool.block_size
-        hits = [self.pool.cached_blocks(seq)[: seq.cached_prefix // bs] for seq in admit]
+        hits = [self.lookups.blocks(seq)[: seq.cached_prefix // bs] for seq in admit]
         for seq, held in zip(admit, hits, strict=True):
             if len(held) * bs != seq.cached_prefix:
                 raise RuntimeError(
@@ -422,17 +407,14 @@ class Planner:
             seq.block_table = held + self.pool.allocate(seq.id, max(0, n - len(held)))
             seq.cached_prefix = 0
             if held:  # its forward starts after the cached blocks, reading them
-                seq.num_computed = len(held) * bs
+                seq.num_computed = cache_hits[seq] = len(held) * bs
             seq.prefix_published = len(held)
             self.pool.count_admission(seq, self.counters)
             if max(n, len(seq.block_table)) * bs < seq.num_tokens:
                 raise self.fail(
                     "allocator", f"gave {seq.id} {n} blocks for {seq.num_tokens} tokens"
                 )
-            seq.status = Status.RUNNING
             seq.prefill_end = seq.total_len  # all of it is prefill, until the row samples
-            seq.admit_order = self._admit_counter
-            self._admit_counter += 1
             if seq.admitted_at is None:
                 seq.admitted_at = self.now()
-            self.running.append(seq)
+            self.join(seq)

@@ -73,6 +73,8 @@ class PrefixCachingPool(BlockPool):
         choose: Callable[[list[CachedBlock]], int] | None = None,
     ) -> None:
         super().__init__(num_blocks, block_size)
+        self.caches_prefixes = True
+        self.version = 0  # allocations, frees, shares and publications so far
         self.salt = salt.encode()
         self.choose = choose
         self._depth = [0] * num_blocks
@@ -135,11 +137,33 @@ class PrefixCachingPool(BlockPool):
     def cached_blocks(self, seq: Sequence) -> list[int]:
         """The cached blocks holding `seq`'s leading full blocks. At most (tokens - 1) //
         block_size: the last token is always computed, so the row samples from its own
-        forward and never writes into a shared block."""
-        # A request with no output yet is its prompt: looked up in place, not copied (a
-        # waiting request is looked up at every admission step).
-        tokens = seq.tokens_from(0) if seq.output_token_ids else seq.spec.prompt_token_ids
-        return self.match(tokens, (seq.num_tokens - 1) // self.block_size)
+        forward and never writes into a shared block. The block hashes are the request's
+        own, each computed once (`hashes`); a hit's tokens are still compared."""
+        bs = self.block_size
+        n = (seq.num_tokens - 1) // bs
+        if n <= 0:
+            return []
+        hashes = seq.block_hashes if len(seq.block_hashes) >= n else self.hashes(seq, n)
+        by_hash, held = self._by_hash, self._tokens
+        hits: list[int] = []
+        for i in range(n):
+            b = by_hash.get(hashes[i])
+            if b is None or held[b] != tuple(seq.tokens_between(i * bs, (i + 1) * bs)):
+                break
+            hits.append(b)
+        return hits
+
+    def hashes(self, seq: Sequence, n: int) -> list[bytes]:
+        """`seq`'s chained hashes of its first `n` full blocks, the missing ones computed
+        and kept on the request (`Sequence.block_hashes`): a full block's tokens never
+        change, so each is hashed once however often the request is looked up."""
+        kept = seq.block_hashes
+        bs = self.block_size
+        parent = kept[-1] if kept else b""
+        for i in range(len(kept), n):
+            parent = block_hash(parent, seq.tokens_between(i * bs, (i + 1) * bs), self.salt)
+            kept.append(parent)
+        return kept
 
     def cached_tokens(self, seq: Sequence) -> int:
         """`seq`'s leading tokens found cached now (whole blocks)."""
@@ -187,6 +211,7 @@ class PrefixCachingPool(BlockPool):
     def share(self, owner: str, blocks: Seq[int]) -> None:
         """`owner`'s table takes these cached blocks too: their counts go up, and an
         evictable one leaves the LRU list."""
+        self.version += 1
         for b in blocks:
             if self._hash[b] is None:
                 raise BlockPoolError(f"{owner} shared block {b}, which holds no published prefix")
@@ -207,6 +232,7 @@ class PrefixCachingPool(BlockPool):
         most `start` x block_size) on. Returns how many of the table's blocks are now
         published or were already (the next call's `start`). A block whose prefix another
         block already publishes stays private."""
+        self.version += 1
         bs = self.block_size
         full = (offset + len(tokens)) // bs
         parent = b""
@@ -234,6 +260,7 @@ class PrefixCachingPool(BlockPool):
 
     # ---- allocation ----------------------------------------------------------------------
     def allocate(self, owner: str, n: int) -> list[int]:
+        self.version += 1
         if n > self.num_free:
             raise BlockPoolError(f"{owner} asked for {n} blocks, only {self.num_free} free")
         blocks = []
@@ -256,6 +283,7 @@ class PrefixCachingPool(BlockPool):
 
     def free(self, owner: str, blocks: list[int]) -> None:
         """`owner` lets go of its table: tail first, so that its tail is evicted first."""
+        self.version += 1
         for b in reversed(blocks):
             if owner not in self._owners[b]:
                 raise BlockPoolError(f"{owner} freed block {b}, held by {self._owners[b]}")

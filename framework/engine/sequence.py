@@ -65,19 +65,28 @@ class Sequence:
     finished_at: float | None = None
     released_at: float | None = None
     token_times: list[float] = field(default_factory=list)
-    # Fixed by the spec, read several times per row per step: computed once.
-    _prompt_len: int = field(init=False, repr=False)
-    _stop_ids: frozenset[int] = field(init=False, repr=False)
-    _max_tokens: int = field(init=False, repr=False)
+    # A prefix-caching pool's chained hashes of its leading full blocks, computed once each
+    # (the tokens of a full block never change) and kept for every later lookup.
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
+    # Prefill/decode disaggregation: the output tokens this replica generates before it
+    # hands the request on (a prefill replica's: its first); None: all of them.
+    hand_off_after: int | None = None
+    # Fixed by the spec (and the hand-off), read several times per row per step: set once.
+    prompt_len: int = field(init=False, repr=False)
+    # The tokens that end this request: its stop ids, and EOS unless it is ignored.
+    stop_ids: frozenset[int] = field(init=False, repr=False)
+    # The output tokens sampled here before the row needs no more forwards: `max_tokens`,
+    # or `hand_off_after` when that is sooner. Every length check on the engine reads it.
+    output_limit: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._prompt_len = len(self.spec.prompt_token_ids)
+        self.prompt_len = len(self.spec.prompt_token_ids)
         sp = self.spec.sampling
-        self._max_tokens = sp.max_tokens
+        self.output_limit = sp.max_tokens
         ids = set(sp.stop_token_ids)
         if not sp.ignore_eos and self.eos_token_id is not None:
             ids.add(self.eos_token_id)
-        self._stop_ids = frozenset(ids)
+        self.stop_ids = frozenset(ids)
 
     @property
     def id(self) -> str:
@@ -97,13 +106,9 @@ class Sequence:
         return self.spec.priority
 
     @property
-    def prompt_len(self) -> int:
-        return self._prompt_len
-
-    @property
     def num_tokens(self) -> int:
         """Prompt plus every generated token the host has applied."""
-        return self._prompt_len + len(self.output_token_ids)
+        return self.prompt_len + len(self.output_token_ids)
 
     @property
     def max_len(self) -> int:
@@ -122,34 +127,43 @@ class Sequence:
     @property
     def total_len(self) -> int:
         """The length the device knows: applied tokens plus tokens held on the device."""
-        return self._prompt_len + len(self.output_token_ids) + self.num_held
+        return self.prompt_len + len(self.output_token_ids) + self.num_held
 
     @property
     def step_tokens(self) -> int:
         """Tokens the next forward computes for this row (a finished row still costs one)."""
-        # `finished` and `total_len` inlined: summed over every running row several times
-        # a step, this is among the engine's hottest lines at trace scale.
-        if self.finish_reason is not None:
-            return 1
+        # `total_len` inlined: summed over every running row several times a step, this is
+        # among the engine's hottest lines at trace scale.
         out = len(self.output_token_ids) + self.num_held
-        if out >= self._max_tokens:
+        if self.finish_reason is not None or out >= self.output_limit:  # `finished`
             return 1
-        return self._prompt_len + out - self.num_computed - self.cached_prefix
+        return self.prompt_len + out - self.num_computed - self.cached_prefix
 
     @property
     def finished(self) -> bool:
-        """Needs no more forwards: its stop token has been seen, or every token it is owed
-        has been sampled (a length limit is known on the host without reading any value)."""
+        """The one test of whether a request is done here: it needs no more forwards, as its
+        stop token has been seen, or every token it is owed here has been sampled (a length
+        limit is known on the host without reading any value). Apart from it: `num_held`,
+        its tokens still on the device; `finish_reason`, why it ended (None while its last
+        tokens are on the device); `status`, which queue or book holds it."""
         return self.finish_reason is not None or (
-            len(self.output_token_ids) + self.num_held >= self._max_tokens
+            len(self.output_token_ids) + self.num_held >= self.output_limit
         )
 
     def stop_here_after(self, tokens: int) -> None:
         """This replica generates at most `tokens` of the request's output, then hands it
-        on (a prefill replica: its first token). Every length check reads `_max_tokens`,
-        so the engine treats the row as done here after them; the request keeps its own
-        `max_tokens`, which tells a hand-off from a finish (`HeldTokens.apply`)."""
-        self._max_tokens = min(self._max_tokens, tokens)
+        on (a prefill replica: its first token). Every length check reads `output_limit`,
+        so the engine treats the row as done here after them."""
+        self.hand_off_after = tokens
+        self.output_limit = min(self.output_limit, tokens)
+
+    @property
+    def hands_off(self) -> bool:
+        """Its part here is done though it owes more tokens: handed on, not finished."""
+        return (
+            self.hand_off_after is not None
+            and len(self.output_token_ids) < self.spec.sampling.max_tokens
+        )
 
     def moved(self) -> Sequence:
         """The request as a decode replica receives it from its prefill replica: the tokens
@@ -171,19 +185,15 @@ class Sequence:
     def tokens_from(self, start: int) -> list[int]:
         """The applied tokens from position `start` on, without copying the whole prompt:
         a decode row needs one token, and prompts in real traces run to thousands."""
-        p = self._prompt_len
+        p = self.prompt_len
         if start >= p:
             return self.output_token_ids[start - p :]
         return list(self.spec.prompt_token_ids[start:]) + self.output_token_ids
 
     def tokens_between(self, start: int, end: int) -> list[int]:
         """The applied tokens at positions start..end-1 (a prefill chunk)."""
-        p = self._prompt_len
+        p = self.prompt_len
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         head = list(self.spec.prompt_token_ids[start : min(end, p)])
         return head + self.output_token_ids[: max(0, end - p)] if end > p else head
-
-    def stop_ids(self) -> frozenset[int]:
-        """The tokens that end this request: its stop ids, and EOS unless it is ignored."""
-        return self._stop_ids

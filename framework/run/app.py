@@ -17,11 +17,12 @@ from framework.api.faults import guard_hooks
 from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
 from framework.engine.block_pool import BlockPool
-from framework.engine.clock import VirtualClock, WallClock
+from framework.engine.clock import Clock, VirtualClock, WallClock
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
-from framework.engine.loop import Engine, Limits, Policies, RunResult
+from framework.engine.loop import Engine, RunResult
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.request import RequestSpec
+from framework.engine.settings import Limits, Policies
 from framework.executors.model_loader import (
     TinySpec,
     load_model,
@@ -146,9 +147,13 @@ def build_engine(
     dtype: torch.dtype,
     hooks: Any,
     say: bool = True,
+    clock: Clock | None = None,
 ) -> Engine:
     """Pool, cache, executor and policies for one run over an already loaded model (`say`:
-    whether a simulated one says which profile it uses; a cluster's first replica does)."""
+    whether a simulated one says which profile it uses; a cluster's first replica does).
+    `clock`: the engine's clock where not the executor's own (a simulator's virtual clock,
+    else the wall clock)."""
+    given = clock
     policies = build_policies(cfg)
     e = cfg.engine
     layers, kv_heads, head_dim = model_dims(model)
@@ -202,7 +207,7 @@ def build_engine(
         hooks,
         check_invariants=e.check_invariants,
         device=device,
-        clock=clock,
+        clock=given if given is not None else clock,
     )
 
 
@@ -219,14 +224,16 @@ def build_runner(
     if replicas == 1:
         return build_engine(cfg, model, device, dtype, hooks)
     router, name, provider = build_router(cfg)
-    engines = [build_engine(cfg, model, device, dtype, hooks, i == 0) for i in range(replicas)]
+    # The real executor's replicas take turns on this machine, over one model in memory:
+    # each replica's clock counts the measured time of its own steps only (a virtual clock
+    # under measured host time), and arrivals are replayed without waiting.
+    turns = not is_simulated(cfg)
+    engines = [
+        build_engine(cfg, model, device, dtype, hooks, i == 0, VirtualClock() if turns else None)
+        for i in range(replicas)
+    ]
     roles, handoffs = build_handoffs(cfg, engines, model, dtype)
-    if not is_simulated(cfg):
-        # The real executor's replicas take turns on this machine, over one model in
-        # memory: each replica's clock counts the measured time of its own steps only (a
-        # virtual clock under measured host time), and arrivals are replayed without waiting.
-        for e in engines:
-            e.clock = VirtualClock()
+    if turns:
         print(
             f"cluster: {replicas} replicas of executor=model take turns in this process; each "
             "replica's times are its own steps' measured seconds, as if it ran alone on this "
@@ -278,7 +285,9 @@ def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec])
         num_blocks=engine.pool.num_blocks,
         block_size=engine.pool.block_size,
         max_model_len=engine.limits.max_model_len,
-        max_num_batched_tokens=None if engine.chunks else engine.limits.max_num_batched_tokens,
+        max_num_batched_tokens=None
+        if engine.cuts_prefills
+        else engine.limits.max_num_batched_tokens,
         pool_source=source,
     )
 

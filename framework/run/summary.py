@@ -108,7 +108,6 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "transfers_per_step": counters.transfers / n_steps if n_steps else 0.0,
         "deferred_tokens": counters.deferred_tokens,
         "overshoot_tokens": counters.overshoot_tokens,
-        "abandoned_tokens": counters.abandoned_tokens,
         "expected_overshoot": counters.expected_overshoot,
         "window": _total(steps, "window") / n_steps if n_steps else 0.0,
         # times: this machine only
@@ -241,7 +240,6 @@ COUNT_KEYS = (
     "transfers_per_step",
     "deferred_tokens",
     "overshoot_tokens",
-    "abandoned_tokens",
     "expected_overshoot",
     "window",
     "max_preemptions_per_request",

@@ -31,7 +31,7 @@ class Prompts:
         """The longest prompt + output the engine could ever serve."""
         e = self.engine
         room = min(e.limits.max_model_len, e.pool.num_blocks * e.pool.block_size)
-        if not e.chunks:
+        if not e.cuts_prefills:
             room = min(room, e.limits.max_num_batched_tokens)
         return room
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from framework.api.registry import registry
-from framework.engine.heap import frozen_heap
+from framework.engine.gc_freeze import frozen_heap
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.run.app import build_engine
 from tests.helpers import make_cfg
@@ -58,7 +58,14 @@ def test_the_run_unfreezes_and_views_hold_no_cycle(tiny: tuple[Any, Any]) -> Non
     try:
         view = engine.planner.view(planned=0)
         ref = weakref.ref(view)
-        assert view.admits(result.seqs[0], 1) in (True, False)  # its rules work
+        seq = result.seqs[0]
+        # Its rules are the engine's answers: the allocator's veto (incremental declines
+        # nothing) and price, no prefix cache, and a finished row's one token.
+        assert view.admits(seq, 1) is True
+        price = engine.p.allocator.blocks_to_admit(seq, engine.pool.block_size)
+        assert view.blocks_to_admit(seq) == price == 1
+        assert view.cached_tokens(seq) == 0
+        assert view.chunk(seq, 100) == seq.step_tokens == 1
         del view
         assert ref() is None, "an engine view is kept alive by a reference cycle"
     finally:

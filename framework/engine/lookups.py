@@ -1,0 +1,81 @@
+"""The engine's answers to a policy view's questions (`ViewRules`): a prefix lookup, a chunk as
+the scheduler gives it, the allocator's price and veto.
+
+A view holds this object and nothing else of the engine: none of its methods moves a block,
+a request or a token. Each lookup is made once per request while the pool stays as it is
+(the pool's `version`), over the request's kept block hashes, so a request that a scheduler,
+the admission check and the price all ask about is walked once.
+
+The one record a lookup leaves is the one the policy contract promises: a waiting request's
+cached prefix (`Sequence.cached_prefix`), which its `step_tokens` then leaves out, so that the
+scheduler's `chunk` charges it only what its forward computes. It holds for the step's
+planning only: `forget` clears it before the next choice of admissions, as the blocks it
+counted may be evicted since.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from framework.engine.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from framework.api.policy import EngineView
+    from framework.engine.block_pool import BlockPool
+
+
+class Lookups:
+    def __init__(self, pool: BlockPool, policies: Any) -> None:
+        self.pool = pool
+        self.p = policies
+        self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own
+        # Each looked-up request's cached blocks while the pool's version stays as it was.
+        self._found: dict[Sequence, list[int]] = {}
+        self._version = -1
+        self._recorded: list[Sequence] = []  # waiting requests whose cached prefix is set
+
+    def blocks(self, seq: Sequence) -> list[int]:
+        """The cached blocks `seq`'s leading full blocks are in now (none without a prefix
+        cache): looked up once while the pool stays as it is."""
+        if self._version != self.pool.version:
+            self._found.clear()
+            self._version = self.pool.version
+        found = self._found.get(seq)
+        if found is None:
+            found = self._found[seq] = self.pool.cached_blocks(seq)
+        return found
+
+    def cached_tokens(self, seq: Sequence) -> int:
+        """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now. A waiting
+        request's forward would skip them: recorded as its cached prefix until the next
+        choice of admissions."""
+        n = len(self.blocks(seq)) * self.pool.block_size
+        if seq.status is Status.WAITING and seq.cached_prefix != n:
+            seq.cached_prefix = n
+            self._recorded.append(seq)
+        return n
+
+    def forget(self) -> None:
+        """The lookups recorded on waiting requests end with the planning they were made in."""
+        for seq in self._recorded:
+            if seq.status is Status.WAITING:
+                seq.cached_prefix = 0
+        self._recorded.clear()
+
+    def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
+        """`view.chunk`: under a prefix cache, what `seq` finds cached is left out first."""
+        self.cached_tokens(seq)
+        if not self.cuts_prefills:
+            return seq.step_tokens
+        return self.p.scheduler.chunk(view, seq, budget)
+
+    def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
+        """`view.admits`: the allocator's veto."""
+        return self.p.allocator.admits(view, seq, free_blocks)
+
+    def price(self, seq: Sequence) -> int:
+        """`view.blocks_to_admit`: the free blocks admitting `seq` takes, the allocator's
+        price less the cached blocks it shares that another table holds already (those
+        cost nothing; an evictable cached block costs one, like a fresh one)."""
+        n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
+        return n - self.pool.in_use(self.blocks(seq))
