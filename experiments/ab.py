@@ -1,5 +1,4 @@
-"""`python -m experiments.ab`: two engine settings on one workload, in alternating rounds, as one
-ratio. The code: `experiments/bench/ab.py`."""
+"""`python -m experiments.ab`: two engine settings on one workload, as one ratio."""
 
 from experiments.bench.ab import main
 

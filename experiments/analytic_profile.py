@@ -1,7 +1,6 @@
-"""`python -m experiments.analytic_profile`: write an analytic profile from a hardware spec and a
-model config. The code: `experiments/gpu/analytic_profile.py`."""
+"""`python -m experiments.analytic_profile`: an analytic profile of a model on a GPU spec."""
 
-from experiments.gpu.analytic_profile import main
+from framework.calibration.analytic_profile import main
 
 if __name__ == "__main__":
     main()

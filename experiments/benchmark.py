@@ -1,5 +1,4 @@
-"""`python -m experiments.benchmark`: nanoserve against Hugging Face's own serving paths, on one
-loaded model. The code: `experiments/bench/benchmark.py`."""
+"""`python -m experiments.benchmark`: nanoserve against Hugging Face's serving paths."""
 
 from experiments.bench.benchmark import main
 

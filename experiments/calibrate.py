@@ -1,7 +1,6 @@
-"""`python -m experiments.calibrate`: time the real executor over a grid of steps and fit a
-simulator profile. The code: `experiments/sim/calibrate.py`."""
+"""`python -m experiments.calibrate`: a simulator profile measured on this machine."""
 
-from experiments.sim.calibrate import main
+from framework.calibration.calibrate import main
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,4 @@
-"""`python -m experiments.cluster_scale`: the Mooncake trace on 1-8 simulated replicas, wall
-time and peak memory. The code: `experiments/sim/cluster_scale.py`."""
+"""`python -m experiments.cluster_scale`: a trace on 1-8 simulated replicas."""
 
 from experiments.sim.cluster_scale import main
 

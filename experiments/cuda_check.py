@@ -1,5 +1,4 @@
-"""`python -m experiments.cuda_check`: the CUDA paths end to end on a machine with a GPU. The code:
-`experiments/device/cuda_check.py`."""
+"""`python -m experiments.cuda_check`: the CUDA paths end to end on a GPU."""
 
 from experiments.device.cuda_check import main
 

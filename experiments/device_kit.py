@@ -1,5 +1,4 @@
-"""`python -m experiments.device_kit`: pack what a lent GPU machine needs to run nanoserve. The
-code: `experiments/device/device_kit.py`."""
+"""`python -m experiments.device_kit`: pack what a GPU machine lacks."""
 
 from experiments.device.device_kit import main
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: the cost model's operators timed, the CUDA path checked, and a
+# One session on a GPU machine: the cost model's operators timed, the CUDA path checked, and a
 # measured GPU profile of the 8B shape.
 #
 # Here, first: python -m experiments.device_kit   (packs .device_kit/)
-# Then one device call, from the repository root:
-#   command: bash experiments/device_session.sh     carry: [".device_kit"]     timeout_s: 595
+# Then, on the GPU machine, from the root of a checkout with .device_kit/ copied beside it:
+#   bash experiments/device_session.sh            (about ten minutes)
 #
-# The device has Python 3.12 with CUDA torch but no Hydra and no registry, and the SmolLM2
-# weights cannot travel (over the 64 MiB a call carries), so both models run with seeded
-# random weights (model.random_weights=true): the tokens are noise, the timing is the
-# shape's. In order, each step bounded so that the whole ends inside ten minutes:
+# What it needs of the machine: an NVIDIA GPU, Python 3.12 with CUDA torch; no Hydra and no
+# package registry are needed (the kit brings them), and no weights (the SmolLM2 package is
+# larger than the kit is meant to be), so both models run with seeded random weights
+# (model.random_weights=true): the tokens are noise, the timing is the shape's. In order, each step bounded so that the whole ends inside ten minutes:
 #   1. experiments.op_table: one layer's operators of seven published model shapes at TP 1-8,
 #      and attention, timed in the published tables' format (for experiments.gpu_check, back
 #      here), packed into op_tables.tar.gz;

@@ -1,8 +1,6 @@
-"""`python -m experiments.goodput`: the highest request rate at which a share of requests
-meets a TTFT and a TPOT target, by bisection over simulated runs. The code:
-`experiments/sim/goodput.py`."""
+"""`python -m experiments.goodput`: the highest request rate that meets an SLO."""
 
-from experiments.sim.goodput import main
+from framework.studies.goodput import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

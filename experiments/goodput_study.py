@@ -1,7 +1,6 @@
-"""`python -m experiments.goodput_study SWEEP_DIR`: a finished goodput study's table (the
-disaggregation study's), its searches run again. The code: `experiments/policy/goodput_study.py`."""
+"""`python -m experiments.goodput_study`: a goodput study's table, searched again."""
 
-from experiments.policy.goodput_study import main
+from framework.studies.goodput_study import main
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,4 @@
-"""`python -m experiments.gpu_check`: the analytic GPU cost model against a published table, row by
-row. The code: `experiments/gpu/gpu_check.py`."""
+"""`python -m experiments.gpu_check`: the analytic GPU model against a table."""
 
 from experiments.gpu.gpu_check import main
 

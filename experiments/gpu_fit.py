@@ -1,7 +1,6 @@
-"""`python -m experiments.gpu_fit`: fit a GPU's kernel families and all-reduce to published tables.
-The code: `experiments/gpu/gpu_fit.py`."""
+"""`python -m experiments.gpu_fit`: fit a GPU's kernels to published tables."""
 
-from experiments.gpu.gpu_fit import main
+from framework.calibration.gpu_fit import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

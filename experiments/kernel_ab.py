@@ -1,5 +1,4 @@
-"""`python -m experiments.kernel_ab`: the paged decode kernel's source against a git ref's, in one
-process. The code: `experiments/bench/kernel_ab.py`."""
+"""`python -m experiments.kernel_ab`: the paged decode kernel against a git ref's."""
 
 from experiments.bench.kernel_ab import main
 

@@ -1,5 +1,4 @@
-"""`python -m experiments.op_table`: one layer's operators timed on this GPU, in the published
-tables' format, for `experiments.gpu_check`. The code: `experiments/device/op_table.py`."""
+"""`python -m experiments.op_table`: one layer's operators timed on this GPU."""
 
 from experiments.device.op_table import main
 

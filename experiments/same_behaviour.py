@@ -1,6 +1,4 @@
-"""`python -m experiments.same_behaviour --base REF`: every count and output token of a fixed set
-of runs at a git ref and in the working tree, compared. The code:
-`experiments/bench/same_behaviour.py`."""
+"""`python -m experiments.same_behaviour`: every count and token against a git ref."""
 
 from experiments.bench.same_behaviour import main
 

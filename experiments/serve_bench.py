@@ -1,6 +1,4 @@
-"""`python -m experiments.serve_bench`: a real load generator (guidellm) against `serve.py`,
-its client-side TTFT and ITL beside the server's own for the same requests. The code:
-`experiments/bench/serve_bench.py`."""
+"""`python -m experiments.serve_bench`: a load generator against serve.py."""
 
 from experiments.bench.serve_bench import main
 

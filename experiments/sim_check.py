@@ -1,5 +1,4 @@
-"""`python -m experiments.sim_check`: the simulated executor against the real one on the same
-workloads. The code: `experiments/sim/sim_check.py`."""
+"""`python -m experiments.sim_check`: the simulated executor against the real one."""
 
 from experiments.sim.sim_check import main
 

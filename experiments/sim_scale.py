@@ -1,5 +1,4 @@
-"""`python -m experiments.sim_scale`: whole traces through the simulated executor, and the engine's
-host cost per step. The code: `experiments/sim/sim_scale.py`."""
+"""`python -m experiments.sim_scale`: whole traces through the simulator."""
 
 from experiments.sim.sim_scale import main
 

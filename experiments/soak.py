@@ -1,5 +1,4 @@
-"""`python -m experiments.soak`: a long overloaded open-loop run: invariants, memory, schedule
-cost. The code: `experiments/policy/soak.py`."""
+"""`python -m experiments.soak`: a long overloaded run: invariants, memory, cost."""
 
 from experiments.policy.soak import main
 

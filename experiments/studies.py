@@ -1,7 +1,6 @@
-"""`python -m experiments.studies`: the classic studies' tables. The code, and the sweeps'
-Hydra callback `StudyReport`: `experiments/policy/studies.py`."""
+"""`python -m experiments.studies`: a finished study's table, written again."""
 
-from experiments.policy.studies import main
+from framework.studies.study_report import main
 
 if __name__ == "__main__":
     main()

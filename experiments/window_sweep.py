@@ -1,5 +1,4 @@
-"""`python -m experiments.window_sweep`: what deferring the readback k steps buys and costs, on one
-engine. The code: `experiments/policy/window_sweep.py`."""
+"""`python -m experiments.window_sweep`: the deferral window swept in one process."""
 
 from experiments.policy.window_sweep import main
 

@@ -274,7 +274,7 @@ def test_refusals() -> None:
 def test_writer(tmp_path: Path) -> None:
     """The writer end to end: AutoConfig reads the shipped config folder, the file it writes
     loads as kind analytic."""
-    from experiments.gpu.analytic_profile import main
+    from framework.calibration.analytic_profile import main
 
     out = main(
         [
@@ -300,7 +300,7 @@ def test_against_a_measured_profile_prints_both_predictions(
 ) -> None:
     """`--against`: the quoted steps as the analytic and a measured profile of the same model
     and dtype predict them, side by side; another model's profile is refused in one line."""
-    from experiments.gpu.analytic_profile import main
+    from framework.calibration.analytic_profile import main
 
     eight_b = model_id(AutoConfig.from_pretrained(LLAMA_8B))
     measured = {

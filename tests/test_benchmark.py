@@ -14,9 +14,10 @@ from experiments.bench import report as benchmark_report
 from experiments.bench.peers import Served
 from experiments.bench.probe import Probe
 from experiments.bench.rows import TIMES, make_row
-from experiments.toolkit.paths import DEFAULT_TRACE
-from experiments.toolkit.workloads import fit, open_loop
+from experiments.toolkit.workloads import open_loop
+from framework.calibration.grid import fit_lengths
 from framework.engine.request import RequestSpec, SamplingParams
+from framework.run.paths import DEFAULT_TRACE
 
 SYSTEMS = [
     ("nanoserve", "continuous", "incremental", "immediate"),  # the reference, first
@@ -115,9 +116,9 @@ def test_benchmark_serves_the_straggler_and_the_open_loop(tmp_path: Path) -> Non
 
 
 def test_lengths_fit_the_caps() -> None:
-    assert fit([100, 50, 400], 40, "scale") == [10, 5, 40]
-    assert fit([100, 50, 400], 40, "clamp") == [40, 40, 40]
-    assert fit([3, 0], 40, "scale") == [3, 1]
+    assert fit_lengths([100, 50, 400], 40, "scale") == [10, 5, 40]
+    assert fit_lengths([100, 50, 400], 40, "clamp") == [40, 40, 40]
+    assert fit_lengths([3, 0], 40, "scale") == [3, 1]
 
 
 def test_open_loop_keeps_requests_and_spreads_arrivals() -> None:

@@ -17,8 +17,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments.sim import calibrate, fitting, points
-from experiments.sim import grid as calibration_grid
+from framework.calibration import calibrate, fitting
+from framework.calibration import grid as calibration_grid
+from framework.calibration import point_run as points
 from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import FORMAT, ProfileError
 from framework.executors.simulated.features import NAMES, StepFeatures
@@ -430,6 +431,6 @@ def test_the_probes_take_each_run_to_the_grids_median_state() -> None:
     spread_steady = fitting.pass_spread(runs, steady)
     assert spread_measured is not None and spread_steady is not None
     assert spread_steady < 0.05 < spread_measured
-    # Without probes (a run the gate did not probe), a run's steps are kept as measured.
+    # Without probes (a run the machine watch did not probe), a run's steps are kept as measured.
     bare = dataclasses.replace(runs[0], probes=None)
     assert fitting.at_reference(bare, reference, first.forward) == fitting.at_reference(bare)

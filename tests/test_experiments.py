@@ -1,9 +1,12 @@
-"""The studies run end to end on the tiny model and write every column they promise.
-(Their numbers are measured by running them, never asserted here.)"""
+"""The tools run end to end on the tiny model, and what they write holds together: the same
+work in every row they compare, counts that add up, ratios that follow from their rows, and
+pictures of the size their panels make. (Their timings are measured by running them, never
+asserted here.)"""
 
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,13 @@ import pytest
 from experiments.bench import ab, same_behaviour
 from experiments.policy import window_sweep
 from framework.engine.request import RequestSpec, SamplingParams
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's (width, height), from its header; anything else is no PNG."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
@@ -44,7 +54,6 @@ def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
         "transfers_per_step",
         "overshoot_tokens",
         "expected_overshoot",
-        "abandoned_tokens",
         "waste_fraction",
         "host_s_per_step",
         "forward_s_per_step",
@@ -54,9 +63,24 @@ def test_window_sweep_writes_csv_table_and_plot(tmp_path: Path) -> None:
         "outputs_equal",
     ):
         assert col in rows[0], col
-    assert float(rows[1]["transfers_per_step"]) < float(rows[0]["transfers_per_step"])
-    assert (out / "window_sweep.png").stat().st_size > 0
-    assert "| max_tokens | window |" in (out / "window_sweep.md").read_text()
+    for n in ("4", "6"):  # the same work at every window: the same tokens, none wasted
+        same = [r for r in rows if r["max_tokens"] == n]
+        assert {(r["requests"], r["tokens_kept"], r["steps"]) for r in same} == {
+            ("3", str(3 * int(n)), n)
+        }
+        for r in same:
+            assert int(r["token_slots"]) == int(r["tokens_kept"])
+            assert float(r["waste_fraction"]) == 0 and r["outputs_equal"] == "True"
+            assert float(r["transfers_per_step"]) == int(r["transfers"]) / int(r["steps"])
+    # A deferred window of k steps reads the tokens back once every k steps (0: every step),
+    # and window 0 never computes past a stop.
+    for r in (r for r in rows if r["policy"] == "deferred"):
+        k, steps = int(r["window"]), int(r["steps"])
+        assert int(r["transfers"]) == -(-steps // max(k, 1)), r
+    assert all(r["overshoot_tokens"] == "0" for r in rows if r["window"] == "0")
+    assert png_size(out / "window_sweep.png") == (1980, 440)  # four panels, 18 x 4 in
+    md = (out / "window_sweep.md").read_text().splitlines()
+    assert md[0].startswith("| max_tokens | window |") and len(md) == 2 + len(rows)
 
 
 def test_ab_alternates_rounds_and_reports_the_ratio(tmp_path: Path) -> None:
@@ -84,8 +108,17 @@ def test_ab_alternates_rounds_and_reports_the_ratio(tmp_path: Path) -> None:
     ]
     for col in ab.COLUMNS:
         assert rows[0][col] != "", col
+    # Both settings did the same work: the same steps, the same tokens (tokens/s x wall).
+    assert len({r["steps"] for r in rows}) == 1
+    tokens = [float(r["tokens_per_s"]) * float(r["wall_s"]) for r in rows]
+    assert max(tokens) == pytest.approx(min(tokens), rel=1e-4)
+    # The headline is the median of the rounds' ratios of wall times.
+    wall = {(r["round"], r["setting"]): float(r["wall_s"]) for r in rows}
+    ratios = [wall[n, "B"] / wall[n, "A"] for n in ("1", "2")]
     text = (out / "ab.md").read_text()
-    assert "B/A wall time: **" in text and "| round | A wall s | B wall s | B/A |" in text
+    assert f"B/A wall time: **{statistics.median(ratios):.3f}**" in text
+    assert f"range {min(ratios):.3f}-{max(ratios):.3f}" in text
+    assert "| round | A wall s | B wall s | B/A |" in text
 
 
 @pytest.mark.parametrize(
@@ -111,6 +144,7 @@ def test_ab_observers_preset_runs_whole_processes_in_alternating_rounds(tmp_path
     with (out / "observers_ab.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["round"], r["setting"]) for r in rows] == [("1", "A"), ("1", "B")]
+    assert len({r["kernels"] for r in rows}) == 1  # the first run's choices, pinned for B
     for row in rows:
         assert float(row["makespan_s"]) > 0 and float(row["startup_observers_s"]) >= 0
     # B's runs each made a store of their own; A's logged nowhere

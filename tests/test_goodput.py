@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.sim.goodput import attainment, find_goodput, main, slo_met
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.engine.sequence import Sequence, Status
+from framework.studies.goodput import main, sustained_warning
+from framework.studies.goodput_search import attainment, find_goodput, slo_met
 from tests.helpers import assert_refused
 
 TTFT, TPOT = 0.5, 0.0625  # binary fractions: the boundary cases below are exact
@@ -194,8 +195,6 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_a_goodput_the_run_did_not_keep_up_with_is_flagged() -> None:
-    from experiments.sim.goodput import sustained_warning
-
     rows = [
         {"rate_rps": 4.0, "throughput_rps": 3.9, "served_ratio": 0.975, "requests": 400},
         {"rate_rps": 45.0, "throughput_rps": 11.0, "served_ratio": 11 / 45, "requests": 400},

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.policy.goodput_study import gives_way, pool_utilisation, settings
 from framework.run.errors import UserError
+from framework.studies.goodput_study import gives_way, pool_utilisation, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,11 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
     assert colocated["prefill_util"] == colocated["kv_transfer_s_p99"] == ""
     assert 0 < float(split["prefill_util"]) <= 1 and 0 < float(split["decode_util"]) <= 1
     assert split["mixed_util"] == "" and float(split["kv_transfer_s_p99"]) > 0
-    assert (sweep / "disaggregation.md").is_file() and (sweep / "disaggregation.png").is_file()
+    md = (sweep / "disaggregation.md").read_text()
+    assert md.count("| azure_conv_poisson |") == 2 and "goodput_rps: the highest" in md
+    head = (sweep / "disaggregation.png").read_bytes()[:24]
+    size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and size == (4 * 320, 360)  # 4 panels, 3.2 x 3.6 in
 
 
 def test_a_workload_without_an_slo_is_refused_by_name(tmp_path: Path) -> None:

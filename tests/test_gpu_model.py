@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.gpu import gpu_check, gpu_fit
-from experiments.gpu.analytic_profile import prefill_step
-from experiments.gpu.tables import read_operator_table
+from experiments.gpu import gpu_check
+from framework.calibration import gpu_fit
+from framework.calibration.analytic_profile import prefill_step
+from framework.calibration.gpu_tables import read_operator_table
 from framework.executors.simulated.analytic import MODELS_DIR, AnalyticProfile
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.kernels import AllReduceFit, GemmFit, StreamFit

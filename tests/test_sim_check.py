@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from experiments.sim import check_cases, check_machine, check_rows, check_sides, sim_check
-from experiments.sim import twins as sim_twins
-from experiments.toolkit.paths import DEFAULT_TRACE
+from experiments.sim import (
+    check_cases,
+    check_machine,
+    check_noise,
+    check_rows,
+    check_sides,
+    sim_check,
+)
 from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import LinearCost, MeasuredProfile
 from framework.run.config import MlflowConfig
+from framework.run.paths import DEFAULT_TRACE
 from framework.tracking.store import TrackingStore
 
 
@@ -147,17 +153,17 @@ def test_twins_are_the_cases_that_took_the_same_steps() -> None:
     ]
     runs, rows = [r for r, _ in cases], [row for _, row in cases]
     assert [row["makespan_verdict"] for row in rows] == ["met", "not met", "met"]
-    twins = sim_twins.twin_rows(runs, rows, ["makespan"])
+    twins = check_noise.twin_rows(runs, rows, ["makespan"])
     assert [t["cases"] for t in twins] == [[rows[1]["case"], rows[2]["case"]]]
     assert twins[0]["steps"] == 2
     assert twins[0]["makespan_apart"] == pytest.approx(0.2 / 2.0)
     assert twins[0]["makespan_error_max"] == pytest.approx(2.1 / 1.9 - 1)
-    assert sim_twins.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (0, 1)
+    assert check_noise.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (0, 1)
     rows[2]["makespan_real"] = 2.4  # twins further apart than the miss
-    twins = sim_twins.twin_rows(runs, rows, ["makespan"])
-    assert sim_twins.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (1, 1)
+    twins = check_noise.twin_rows(runs, rows, ["makespan"])
+    assert check_noise.misses_inside(twins, rows, ["makespan"], check_rows.NOT_MET) == (1, 1)
     # Counts that differ from the simulation's, or another output policy: not twins.
     rows[2]["counts_equal"] = False
-    assert sim_twins.twin_rows(runs, rows, ["makespan"]) == []
-    lines = sim_twins.section([], rows, ["makespan"], check_rows.NOT_MET)
+    assert check_noise.twin_rows(runs, rows, ["makespan"]) == []
+    lines = check_noise.section([], rows, ["makespan"], check_rows.NOT_MET)
     assert lines[-1] == "No two cases took the same steps in this check."

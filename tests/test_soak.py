@@ -1,10 +1,13 @@
-"""The soak runs end to end on a short workload and reports what it promises. Its seconds are
-measured by running it, never asserted here; the invariants must hold on any machine."""
+"""The soak runs end to end on a short workload and reports what it promises: the invariants
+held, every request served, and a table of steps by queue length whose rows add up to the
+run and sit in their bins. Its seconds are measured by running it, never asserted here."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+
+import pytest
 
 from experiments.policy import soak
 
@@ -37,7 +40,6 @@ def test_short_soak_holds_every_invariant_and_reports(tmp_path: Path) -> None:
         "allocate_s",
         "step_s",
     }
-    assert sum(int(r["steps"]) for r in table) > 0
     report = (out / "soak.md").read_text()
     summary = dict(
         (cells[1].strip(), cells[2].strip())
@@ -60,3 +62,14 @@ def test_short_soak_holds_every_invariant_and_reports(tmp_path: Path) -> None:
     assert summary["requests_finished"] == "200" and summary["requests_rejected"] == "0"
     assert int(summary["max_waiting"]) > 150, "200 arrive at once: the queue starts long"
     assert int(summary["preemptions"]) > 0, "the tight pool must make the soak preempt"
+    assert int(summary["peak_blocks"]) <= int(summary["num_blocks"]) == 16
+    # Every step is in one bin of waiting-queue length; the bins are in order, each step's
+    # queue within its bin's bounds, and the last bin ends at the longest queue.
+    assert sum(int(r["steps"]) for r in table) == int(summary["steps"])
+    bounds = [(int(r["waiting_from"]), int(r["waiting_to"])) for r in table]
+    assert bounds == sorted(bounds) and bounds[-1][1] == int(summary["max_waiting"])
+    for r, (low, high) in zip(table, bounds, strict=True):
+        assert low <= float(r["mean_waiting"]) <= high
+        assert 0 < float(r["mean_rows"]) <= 16  # engine.max_num_seqs
+    ratio = float(summary["schedule_s_longest_queue"]) / float(summary["schedule_s_shortest_queue"])
+    assert float(summary["schedule_ratio_longest_to_shortest"]) == pytest.approx(ratio, rel=2e-3)

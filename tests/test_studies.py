@@ -1,7 +1,9 @@
 """The classic studies run as users run them (`python run.py +experiment=NAME model=tiny`)
-and write a table with every column, a CSV and a plot; the batching study is logged to
-MLflow as a parent run holding its table; a comparison of runs that produced different
-tokens is refused. (Numbers are measured by running the studies, never asserted here.)
+and write a table with every column, a CSV and a plot of a panel per drawn column; the
+batching study is logged to MLflow as a parent run holding its table; a comparison of runs
+that produced different tokens is refused. Each table is checked for what its study shows
+(the same work in every row, counts that add up, the effect the study is about); the
+seconds are measured by running the studies, never asserted here.
 
 Two studies are shrunk from the command line (fewer windows, a shorter trace slice), so the
 suite stays quick; the configs themselves run in full in `make run`-style use.
@@ -21,7 +23,9 @@ import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from experiments.policy.studies import STUDIES, DifferentWork, StudyReport, load_sweep, write_report
+from framework.studies.classic import STUDIES
+from framework.studies.study_report import StudyReport, write_report
+from framework.studies.sweep_runs import DifferentWork, check_same_work, load_sweep
 from tests.helpers import ROOT
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
@@ -64,6 +68,13 @@ def batching(tmp_path_factory: pytest.TempPathFactory, uri: str) -> Path:
     return sweep
 
 
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's (width, height), from its header; anything else is no PNG."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
 def check_table(name: str, sweep: Path, runs: int) -> list[dict[str, str]]:
     study = STUDIES[name]
     with (sweep / f"{name}.csv").open() as f:
@@ -73,8 +84,14 @@ def check_table(name: str, sweep: Path, runs: int) -> list[dict[str, str]]:
     assert len(rows) == runs
     md = (sweep / f"{name}.md").read_text()
     assert "| " + " | ".join(expected) + " |" in md and "Counts hold on any machine" in md
-    assert (sweep / f"{name}.png").stat().st_size > 0
+    assert len(md.splitlines()) >= 4 + runs  # title, heading, header, rule, a line a run
+    # One panel per drawn column, 3.2 x 3.6 inches at 100 dpi (`plot_bars`).
+    assert png_size(sweep / f"{name}.png") == (320 * len(study.plot), 360)
     return rows
+
+
+def f(row: dict[str, str], col: str) -> float:
+    return float(row[col])
 
 
 def test_batching_study(batching: Path, uri: str) -> None:
@@ -85,6 +102,17 @@ def test_batching_study(batching: Path, uri: str) -> None:
         ("spread", "static"),
         ("spread", "continuous"),
     ]
+    kept = {"straggler": 4 * 7 + 32, "spread": 5 + 8 + 6 + 120 + 7 + 9 + 6 + 11}
+    for workload in kept:
+        static, continuous = (r for r in rows if r["workload"] == workload)
+        for r in (static, continuous):  # the same work under both schedulers
+            assert r["requests"] == "8" and int(r["tokens_kept"]) == kept[workload]
+            waste = 1 - f(r, "tokens_kept") / f(r, "token_slots")
+            assert f(r, "waste_fraction") == pytest.approx(waste)
+        # Static batching computes its finished rows until the batch's slowest ends;
+        # continuous batching evicts them, wasting no slot, in no more steps.
+        assert int(continuous["token_slots"]) == kept[workload] < int(static["token_slots"])
+        assert int(continuous["steps"]) <= int(static["steps"])
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("study-batching")
     runs = client.search_runs([exp.experiment_id])
@@ -105,7 +133,49 @@ def test_study_writes_every_column(name: str, runs: int, tmp_path: Path, uri: st
         pytest.skip(f"the Azure trace is not at {TRACE}")
     extra = [f"workload.path={TRACE}"] if name == "trace" else []
     run_study(name, tmp_path, uri, "observers=[console]", *extra)
-    check_table(name, tmp_path, runs)
+    CHECKS[name](check_table(name, tmp_path, runs))
+
+
+def allocation_holds(rows: list[dict[str, str]]) -> None:
+    """Worst-case booking never preempts; incremental admits at least as many rows at once,
+    in the same pool of 16 blocks."""
+    by = {r["allocator"]: r for r in rows}
+    worst, incremental = by["worst_case"], by["incremental"]
+    assert worst["preemptions"] == worst["recomputed_tokens"] == "0"
+    for r in rows:
+        assert r["requests"] == "12" and r["num_blocks"] == "16"
+        assert int(r["peak_blocks"]) <= 16 and int(r["peak_rows"]) <= 8
+        assert f(r, "mean_rows") <= int(r["peak_rows"])
+        assert (int(r["recomputed_tokens"]) > 0) == (int(r["preemptions"]) > 0)
+    assert f(incremental, "mean_rows") >= f(worst, "mean_rows")
+
+
+def deferral_holds(rows: list[dict[str, str]]) -> None:
+    """A window of 2 reads the tokens back half as often as window 0, on the same work."""
+    by = {r["window"]: r for r in rows}
+    assert set(by) == {"0", "2"} and {r["requests"] for r in rows} == {"3"}
+    for r in rows:
+        assert f(r, "transfers_per_step") == pytest.approx(f(r, "transfers") / f(r, "steps"))
+    assert by["0"]["transfers"] == by["0"]["steps"] and by["0"]["overshoot_tokens"] == "0"
+    assert f(by["2"], "transfers_per_step") < f(by["0"], "transfers_per_step")
+
+
+def trace_holds(rows: list[dict[str, str]]) -> None:
+    """Every request of the slice finishes; percentiles are ordered; goodput is the share
+    that met the SLO, per second of makespan."""
+    combos = {(r["scheduler"], r["allocator"]) for r in rows}
+    assert combos == {(s, a) for s in ("static", "sjf") for a in ("worst_case", "incremental")}
+    for r in rows:
+        assert r["requests_finished"] == "4"
+        for metric in ("ttft", "tpot", "e2e"):
+            p50, p90, p99 = (f(r, f"{metric}_p{q}_s") for q in (50, 90, 99))
+            assert 0 <= p50 <= p90 <= p99
+        assert 0 <= f(r, "slo_met") <= 1
+        met = f(r, "slo_met") * int(r["requests_finished"])
+        assert f(r, "goodput_rps") == pytest.approx(met / f(r, "makespan_s"))
+
+
+CHECKS = {"allocation": allocation_holds, "deferral": deferral_holds, "trace": trace_holds}
 
 
 def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: Path) -> None:
@@ -131,8 +201,6 @@ def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: P
 def test_a_genuine_tie_is_accepted_and_listed(batching: Path) -> None:
     """Where two runs first differ at a genuine fp32 tie, the comparison goes on (the
     project's tie rule); the tie check decides, and anything it rejects is refused."""
-    from experiments.policy.studies import check_same_work
-
     runs = load_sweep(batching)
     runs[1].outputs = {**runs[1].outputs, "r2": [*runs[1].outputs["r2"][:-1], 7]}
     same_workload = STUDIES["batching"].group

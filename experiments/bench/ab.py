@@ -38,14 +38,15 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.bench import observers_ab
 from experiments.bench.probe import decode_steps
 from experiments.toolkit import cli
-from experiments.toolkit.config import TIMED, compose_cfg
-from experiments.toolkit.engine import NullHooks, threads_kept
-from experiments.toolkit.paths import OUTPUTS
+from experiments.toolkit.config import TIMED
 from experiments.toolkit.report import write_rounded_csv
-from experiments.toolkit.tracking import log_run
 from framework.engine.request import RequestSpec
 from framework.run.app import build_engine, load
+from framework.run.compose import compose_cfg
 from framework.run.greedy_check import compare_greedy
+from framework.run.in_process import NullHooks, threads_kept
+from framework.run.paths import OUTPUTS
+from framework.tracking.tool_run import command_line, log_run
 from framework.workloads import build_workload
 
 SHARED = ("model", "dtype", "device", "workload")  # what A and B must have in common
@@ -204,7 +205,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     shared = cli.run_overrides(args, TIMED)
-    command = cli.command_line("ab", argv)
+    command = command_line("ab", argv)
     if args.observers:
         if args.out == OUTPUTS / "ab":
             args.out = OUTPUTS / "observers_ab"

@@ -51,10 +51,8 @@ from experiments.bench.report import Pass, headline, is_reference, write
 from experiments.bench.rows import add_ratios, serve_workload
 from experiments.bench.systems import PEERS, combo_cfg, plan, run_nanoserve, run_same
 from experiments.toolkit import cli
-from experiments.toolkit.config import REFERENCE, TIMED, compose_cfg
-from experiments.toolkit.engine import Context, NullHooks, threads_kept
-from experiments.toolkit.paths import OUTPUTS
-from experiments.toolkit.tracking import log_run
+from experiments.toolkit.config import REFERENCE, TIMED
+from experiments.toolkit.engine import Context
 from experiments.toolkit.workloads import (
     azure_specs,
     chat_queue,
@@ -64,9 +62,13 @@ from experiments.toolkit.workloads import (
 )
 from framework.engine.request import RequestSpec
 from framework.run.app import build_engine, check_before_loading, load, resolve_device
+from framework.run.compose import compose_cfg
+from framework.run.in_process import NullHooks, threads_kept
+from framework.run.paths import OUTPUTS
 from framework.run.summary import summarize
 from framework.tracking.machine import isa_flags, isa_summary
 from framework.tracking.tags import environment_tags
+from framework.tracking.tool_run import command_line, log_run
 from framework.workloads import build_workload
 
 WORKLOADS = ("straggler", "azure_closed", "azure_open", "chat48")
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> Path:
                 p.default_job_tps = jobs.get(p.dtype)
         threads_used = torch.get_num_threads()
     cfg = compose_cfg(overrides)
-    command = cli.command_line("benchmark", argv)
+    command = command_line("benchmark", argv)
     header = {
         "command": f"`{command}`",
         "model": f"{cfg.model.source}, {', '.join(p.dtype for p in passes)}, "

@@ -32,8 +32,8 @@ import torch
 from torch.utils.cpp_extension import load
 
 from experiments.toolkit import cli
-from experiments.toolkit.paths import ROOT
 from framework.executors.kernels.paged_decode import FLAGS, SOURCE
+from framework.run.paths import ROOT
 
 SIZES = ((1, 256), (16, 256), (64, 80), (64, 512), (32, 1024))  # (rows, context)
 

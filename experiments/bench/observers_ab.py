@@ -43,11 +43,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.paths import ROOT
 from experiments.toolkit.report import num, write_rounded_csv
-from experiments.toolkit.tracking import log_run
+from framework.run.compose import compose_cfg
+from framework.run.paths import ROOT
 from framework.tracking.machine import cpu_model, isa_summary
+from framework.tracking.tool_run import log_run
 
 METRICS = ("makespan_s", "ttft_p50_s")  # the ratios the target is set on
 # The engine's measured kernel choices: metrics.json's key, the setting, the word for "on".

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from experiments.bench.peers import plain_hf
-from experiments.toolkit.machine import best_time, sync
+from framework.calibration.machine_load import best_time, sync
 from framework.engine.counters import StepStats
 from framework.engine.request import RequestSpec
 from framework.executors.packed_linear import packable

@@ -9,23 +9,29 @@ must change nothing a run counts or produces. Each case is one `python run.py` o
 model, `observers=[console]`, in a worktree of `--base` and in this tree, with this tree's
 interpreter; the cases cover what a refactor of the step tends to break: a static batch, a
 preempting pool, the prefix cache with chunked prefill and a deferred window, priority
-displacement, a simulated disaggregated cluster (hand-offs and their releases) and a Mooncake
-trace slice on the prefix cache. Times are not compared (they are this machine's). Writes
-`same_behaviour.md`; exits 1 when any case differs, naming the first difference.
+displacement, chunked prefill with recomputation under a deferred window, SJF with the
+adaptive window and worst-case reservations, a simulated disaggregated cluster (hand-offs and
+their releases), a Mooncake trace slice on the prefix cache, alone and on a three-replica
+cluster behind the prefix-aware router, and the server's tokens for a fixed set of requests.
+Times are not compared (they are this machine's). Writes `same_behaviour.md`; exits 1 when
+any case differs, naming the first difference.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from experiments.toolkit import cli
-from experiments.toolkit.paths import OUTPUTS, ROOT
+from framework.run.paths import OUTPUTS, ROOT
 from framework.run.summary import COUNT_KEYS
+from framework.tracking.tool_run import command_line
 
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_conversation.jsonl"
 CASES: dict[str, list[str]] = {
@@ -76,7 +82,47 @@ CASES: dict[str, list[str]] = {
         "allocator=prefix_cache",
         "engine.block_size=16",
     ],
+    "cluster_prefix_aware": [
+        "executor=simulated",
+        "workload=mooncake",
+        f"workload.path={MOONCAKE}",
+        "workload.limit=60",
+        "cluster.replicas=3",
+        "router=prefix_aware",
+        "allocator=prefix_cache",
+        "scheduler=lpm",
+        "engine.block_size=16",
+    ],
+    "sjf_adaptive_worst_case": [
+        "workload=chat",
+        "workload.limit=10",
+        "scheduler=sjf",
+        "allocator=worst_case",
+        "output=adaptive",
+        "engine.num_blocks=40",
+        "engine.block_size=8",
+    ],
+    "chunked_recompute_deferred": [
+        "workload=fixed",
+        "workload.prompt_lens=[40,33,17,50,9,28]",
+        "workload.output_lens=[12,20,6,16,24,10]",
+        "scheduler=chunked",
+        "scheduler.chunk_size=16",
+        "output=deferred",
+        "window=2",
+        "engine.num_blocks=14",
+        "engine.block_size=8",
+    ],
 }
+# The server: `serve.py` on a free port of 127.0.0.1, these completions sent one by one (greedy),
+# then it stops by itself after the last; the tokens of each are compared (its counts of steps
+# and transfers depend on when each request reached it).
+SERVER_REQUESTS = [
+    {"prompt": "The capital of France is", "max_tokens": 9},
+    {"prompt": "Once upon a time", "max_tokens": 16, "ignore_eos": True},
+    {"prompt": "1, 2, 3, 4,", "max_tokens": 5},
+    {"prompt": "def add(a, b):", "max_tokens": 12, "ignore_eos": True},
+]
 
 
 def observe(tree: Path, overrides: list[str], folder: Path) -> dict[str, Any]:
@@ -95,6 +141,44 @@ def observe(tree: Path, overrides: list[str], folder: Path) -> dict[str, Any]:
         "counts": {k: metrics.get(k) for k in COUNT_KEYS},
         "tokens": {o["id"]: o["output_token_ids"] for o in map(json.loads, lines)},
     }
+
+
+def observe_server(tree: Path, folder: Path) -> dict[str, Any]:
+    """`tree`'s serve.py, sent `SERVER_REQUESTS`: each request's output tokens."""
+    n = len(SERVER_REQUESTS)
+    proc = subprocess.Popen(
+        [sys.executable, str(tree / "serve.py"), "model=tiny", "server.port=0",
+         f"server.stop_after_requests={n}", "server.stop_after_s=300", "observers=[console]",
+         f"hydra.run.dir={folder}"],
+        cwd=folder.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = None
+        assert proc.stdout is not None
+        while port is None:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                return {"failed": f"exit {proc.returncode} before serving"}
+            found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            port = int(found.group(1)) if found else None
+        for body in SERVER_REQUESTS:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions",
+                data=json.dumps({**body, "temperature": 0}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=120) as answer:
+                answer.read()
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        return {"failed": f"exit {proc.returncode}"}
+    lines = (folder / "outputs.jsonl").read_text().splitlines()
+    outputs = [json.loads(line)["output_token_ids"] for line in lines]
+    return {"counts": {"requests": len(outputs)}, "tokens": dict(enumerate(outputs))}
 
 
 def first_difference(before: dict[str, Any], after: dict[str, Any]) -> str | None:
@@ -139,7 +223,10 @@ def compare(ref: str, cases: list[str], out: Path) -> dict[str, str | None]:
                 for side, tree in (("base", base), ("here", ROOT)):
                     folder = out / side / name
                     folder.parent.mkdir(parents=True, exist_ok=True)
-                    runs[side] = observe(tree, CASES[name], folder)
+                    if name == "server":
+                        runs[side] = observe_server(tree, folder)
+                    else:
+                        runs[side] = observe(tree, CASES[name], folder)
                 found[name] = first_difference(runs["base"], runs["here"])
                 print(f"{name}: {found[name] or 'identical'}", flush=True)
         finally:
@@ -151,7 +238,10 @@ def main(argv: list[str] | None = None) -> dict[str, str | None]:
     ap = cli.parser(__doc__)
     ap.add_argument("--base", default="HEAD", help="git ref to compare against (HEAD)")
     ap.add_argument(
-        "--cases", type=cli.comma_list(CASES), default=list(CASES), help="a subset, by name"
+        "--cases",
+        type=cli.comma_list([*CASES, "server"]),
+        default=[*CASES, "server"],
+        help="a subset, by name",
     )
     cli.add_out(ap, OUTPUTS / "same_behaviour")
     args = ap.parse_args(argv)
@@ -160,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, str | None]:
     lines = [
         "# nanoserve: the same behaviour",
         "",
-        f"- command: `{cli.command_line('same_behaviour', argv)}`",
+        f"- command: `{command_line('same_behaviour', argv)}`",
         f"- base: `{args.base}` against the working tree; tiny model; counts and tokens",
         "",
         "| case | result |",

@@ -32,11 +32,11 @@ from experiments.toolkit.cli import (
     add_overrides,
     add_quick,
     comma_list,
-    command_line,
     parser,
     positive_int,
 )
-from experiments.toolkit.paths import ROOT
+from framework.run.paths import ROOT
+from framework.tracking.tool_run import command_line
 
 NAME = "bench"  # the served model's name, as guidellm asks for it
 

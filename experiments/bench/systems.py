@@ -10,11 +10,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from experiments.bench.peers import Served, hf_cb, hf_static
-from experiments.toolkit.config import REFERENCE, Combo, combo_overrides, compose_cfg
-from experiments.toolkit.engine import Context, NullHooks
+from experiments.toolkit.config import REFERENCE, Combo, combo_overrides
+from experiments.toolkit.engine import Context
 from experiments.toolkit.workloads import fixed_specs
 from framework.engine.request import RequestSpec
 from framework.run.app import build_engine
+from framework.run.compose import compose_cfg
+from framework.run.in_process import NullHooks
 from framework.run.summary import summarize
 
 PEERS = ("hf_static", "hf_cb")

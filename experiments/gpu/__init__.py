@@ -1,3 +1,4 @@
-"""The analytic GPU cost model's tools: fit a GPU's kernels to published tables (`gpu_fit`),
-judge the fit on any table of that format (`gpu_check`), both reading the tables through
-`tables`; and write an analytic profile for a model on a GPU spec (`analytic_profile`)."""
+"""The analytic GPU cost model checked: `gpu_check` judges the fit on any table of the
+published format, read by `framework.calibration.gpu_tables`; `measured/` holds the tables
+timed on a real H200 (`experiments.op_table`). The fit itself and the analytic profiles are
+`framework.calibration`."""

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.gpu.tables import (
+from experiments.toolkit import cli
+from framework.calibration.gpu_tables import (
     TABLE_DTYPE_BYTES,
     TableError,
     error_stats,
@@ -36,7 +37,6 @@ from experiments.gpu.tables import (
     read_collective_table,
     read_operator_table,
 )
-from experiments.toolkit import cli
 from framework.executors.simulated.cost import ProfileError
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.shard import Device

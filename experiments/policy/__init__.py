@@ -1,3 +1,2 @@
-"""The serving policies studied: the classic studies' tables of a Hydra sweep (`studies`, on
-the sweep's jobs read by `sweep_runs`), the deferral window swept in one process
-(`window_sweep`), and a long overloaded run (`soak`)."""
+"""The serving policies studied in one process: the deferral window swept (`window_sweep`),
+and a long overloaded run (`soak`). The studies of a Hydra sweep are `framework.studies`."""

@@ -27,11 +27,11 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.paths import OUTPUTS
 from framework.api.registry import registry
 from framework.engine.counters import HOST_PHASES, PHASES
 from framework.run.app import build_engine, load
+from framework.run.compose import compose_cfg
+from framework.run.paths import OUTPUTS
 from framework.run.summary import summarize
 from framework.tracking.tables import markdown_table, write_csv
 from framework.workloads import build_workload
@@ -78,7 +78,6 @@ def sweep(
                     "tokens_kept": s["tokens_kept"],
                     "overshoot_tokens": s["overshoot_tokens"],
                     "expected_overshoot": s["expected_overshoot"],
-                    "abandoned_tokens": s["abandoned_tokens"],
                     "token_slots": s["token_slots"],
                     "waste_fraction": s["waste_fraction"],
                     "stopped_requests": sum(1 for q in result.seqs if q.finish_reason == "stop"),
@@ -109,7 +108,6 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
         "transfers_per_step",
         "overshoot_tokens",
         "expected_overshoot",
-        "abandoned_tokens",
         "waste_fraction",
         "host_s_per_step",
         "step_s",

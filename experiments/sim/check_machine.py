@@ -9,12 +9,12 @@ import statistics
 import time
 from collections.abc import Callable
 
-from experiments.gpu.analytic_profile import prefill_step
 from experiments.sim.check_cases import Case
 from experiments.sim.check_sides import Runs, Setup, makespan, serve_real, serve_sim
-from experiments.sim.grid import CANARY, PREFILL_CANARY, workload
 from experiments.toolkit.config import REFERENCE
-from experiments.toolkit.machine import cpu_seconds, foreign_share
+from framework.calibration.analytic_profile import prefill_step
+from framework.calibration.grid import CANARY, PREFILL_CANARY, workload
+from framework.calibration.machine_load import cpu_seconds, foreign_share
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
 from framework.executors.packed_linear import rows_bucket

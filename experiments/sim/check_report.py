@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from experiments.sim.check_noise import section as twins_section
 from experiments.sim.check_rows import (
     COLUMNS,
     COUNTS,
@@ -22,10 +23,9 @@ from experiments.sim.check_rows import (
     SPREAD,
     STEP_COLUMNS,
 )
-from experiments.sim.twins import section as twins_section
 from experiments.toolkit.report import num, percent
-from experiments.toolkit.tracking import ChildRun, log_run
 from framework.tracking.tables import markdown_table, write_csv
+from framework.tracking.tool_run import ChildRun, log_run
 
 
 def counts_cell(row: dict[str, Any], k: str) -> str:
@@ -154,7 +154,7 @@ def headline(
     rows: list[dict[str, Any]], twins: list[dict[str, Any]] | None = None
 ) -> dict[str, float]:
     """The parent run's metrics: the tallies, each case's errors, and how far apart the
-    twins' real medians lie (the machine's noise in a median, `twins.py`)."""
+    twins' real medians lie (the machine's noise in a median, `check_noise.py`)."""
     closed = [r for r in rows if r["closed_loop"]]
     out: dict[str, float] = {
         "cases": len(rows),

@@ -19,7 +19,7 @@ COUNTS = ("steps", "token_slots", "preemptions", "recomputed_tokens", "overshoot
 # Every count of the summary that a closed loop fixes; `window` is left out (an adaptive
 # output policy reads it off measured seconds) as in tests/test_simulated.py.
 SAME = ("requests_finished", "tokens_kept", "prefill_tokens", "peak_blocks", "transfers")
-SAME += ("deferred_tokens", "abandoned_tokens", "max_preemptions_per_request")
+SAME += ("deferred_tokens", "max_preemptions_per_request")
 # metric name -> (summary key, target: the largest |relative error| that meets it)
 METRICS = {
     "makespan": ("makespan_s", 0.05),

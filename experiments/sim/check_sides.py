@@ -10,13 +10,14 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.sim.check_cases import Case
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.engine import Context, NullHooks
+from experiments.toolkit.engine import Context
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import TokenStreams
 from framework.run.app import build_engine
+from framework.run.compose import compose_cfg
+from framework.run.in_process import NullHooks
 from framework.run.summary import summarize
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from experiments.toolkit import cli
-from experiments.toolkit.paths import ROOT
+from framework.run.paths import ROOT
 from framework.tracking.tables import markdown_table, write_csv
 from framework.tracking.tags import environment_tags
 

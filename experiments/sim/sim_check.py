@@ -47,7 +47,7 @@ error and the real runs' own spread ((max - min) / median), with a verdict again
 `met` (within 5% for makespan, throughput and the p50s, 10% for the p99s), `within real spread`
 (outside the target but inside the spread), or `not met`; and the mean absolute percentage error
 of each request's e2e (against the real runs' median for that request). Twins
-(`twins.py`): closed-loop cases that took the same steps under other policies;
+(`check_noise.py`): closed-loop cases that took the same steps under other policies;
 their real medians differ by the machine's noise alone, which the report measures so. Where
 the seconds go (`sim_check_steps.csv` and the last table): each case's forward seconds by step
 kind (prefill, decode, mixed), sampling and host time, real against predicted, to say which
@@ -84,6 +84,7 @@ from experiments.sim.check_cases import (
     policy_combos,
 )
 from experiments.sim.check_machine import PREFILL_PROBE, Machine, rounds
+from experiments.sim.check_noise import twin_rows
 from experiments.sim.check_report import log_check, write
 from experiments.sim.check_rows import METRICS, make_row, pair_rows, step_rows
 from experiments.sim.check_sides import (
@@ -95,18 +96,20 @@ from experiments.sim.check_sides import (
     sim_overrides,
     split_overrides,
 )
-from experiments.sim.twins import twin_rows
 from experiments.toolkit import cli
-from experiments.toolkit.config import REFERENCE, TIMED, compose_cfg
-from experiments.toolkit.engine import Context, threads_kept
-from experiments.toolkit.paths import OUTPUTS
+from experiments.toolkit.config import REFERENCE, TIMED
+from experiments.toolkit.engine import Context
 from experiments.toolkit.report import percent
 from experiments.toolkit.workloads import azure_specs, open_loop, straggler_specs
 from framework.engine.request import RequestSpec
 from framework.executors.simulated.cost import read_profile
 from framework.run.app import check_before_loading, load, resolve_device
+from framework.run.compose import compose_cfg
+from framework.run.in_process import threads_kept
+from framework.run.paths import OUTPUTS
 from framework.run.simulation import choose_profile
 from framework.tracking.tags import environment_tags
+from framework.tracking.tool_run import command_line
 
 # Five rounds of real runs a case: three sample a shared VM's spells too thinly for a median
 # or a spread (docs/simulator-validation.md).
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> Path:
     pairs = [p for r in runs for p in pair_rows(r)]
     cfg = compose_cfg(shared)
     env = environment_tags()
-    command = cli.command_line("sim_check", argv)
+    command = command_line("sim_check", argv)
     data = read_profile(notes["profile"])
     meta, fit = data.get("meta") or {}, data.get("fit") or {}
     header = {

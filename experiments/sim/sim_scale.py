@@ -37,12 +37,13 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.paths import TRACES
 from framework.run.app import build_engine, load
+from framework.run.compose import compose_cfg
+from framework.run.paths import TRACES
 from framework.run.summary import summarize
 from framework.tracking.tables import markdown_table, write_csv
 from framework.tracking.tags import environment_tags
+from framework.tracking.tool_run import command_line
 from framework.workloads import build_workload
 
 BASE = [
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     text = [
         "# Simulated executor at trace scale",
         "",
-        f"`{cli.command_line('sim_scale', argv)}`"
+        f"`{command_line('sim_scale', argv)}`"
         f" on {tags.get('machine.cpu')} ({tags.get('machine.cores')} cores), commit "
         f"{tags.get('git.commit', '?')[:10]}. Steps/s and wall seconds describe this machine.",
         "",

@@ -5,12 +5,11 @@ argument reads the same in every tool (`--rounds`, `--out`, `--threads`, `--quic
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from experiments.toolkit.paths import DEFAULT_TRACE
+from framework.run.paths import DEFAULT_TRACE
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
@@ -95,8 +94,3 @@ def fill_sizes(args: argparse.Namespace, full: dict[str, Any], quick: dict[str, 
 def run_overrides(args: argparse.Namespace, base: Iterable[str] = ()) -> list[str]:
     """The tool's own settings, then the tiny model under `--quick`, then the user's."""
     return [*base, *(["model=tiny"] if args.quick else []), *args.overrides]
-
-
-def command_line(tool: str, argv: list[str] | None) -> str:
-    """The command as typed, for a report's header or a file's provenance."""
-    return " ".join([f"python -m experiments.{tool}", *(sys.argv[1:] if argv is None else argv)])

@@ -1,6 +1,7 @@
 """The request sets several tools serve alike, built one way: the benchmark's queued slice of
-the Azure trace is the simulator check's too, and the calibration grid holds its shapes
-(held out), so a change to how the slice is built reaches all three at once."""
+the Azure trace is the simulator check's too, its lengths fitted as the calibration grid
+fits the slice it holds out (`framework.calibration.grid.fit_lengths`), so a change to how
+the slice is built reaches all three at once."""
 
 from __future__ import annotations
 
@@ -12,20 +13,12 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.toolkit.config import compose_cfg
+from framework.calibration.grid import fit_lengths
 from framework.engine.request import RequestSpec
+from framework.run.compose import compose_cfg
 from framework.workloads import build_workload
 from framework.workloads.synthetic import sample_arrivals
 from framework.workloads.trace import read_trace
-
-
-def fit(lengths: list[int], cap: int, how: str) -> list[int]:
-    """Lengths brought under `cap`: `scale` multiplies all by cap / longest (the mix keeps
-    its proportions), `clamp` cuts only those above; at least 1 token each."""
-    longest = max(lengths)
-    if how == "scale" and longest > cap:
-        return [max(1, round(n * cap / longest)) for n in lengths]
-    return [max(1, min(n, cap)) for n in lengths]
 
 
 def fixed_specs(tok: Any, prompts: list[int], outputs: list[int], seed: int) -> list[RequestSpec]:
@@ -37,8 +30,8 @@ def azure_specs(tok: Any, args: argparse.Namespace, seed: int) -> list[RequestSp
     """The queued Azure slice (`cli.add_azure_slice`'s arguments): the first `--requests`
     rows of `--trace`, lengths fitted to `--max-prompt` / `--max-output`, all at t=0."""
     rows = read_trace(Path(args.trace), 0, args.requests)
-    prompts = fit([r.context_tokens for r in rows], args.max_prompt, args.fit)
-    outputs = fit([r.generated_tokens for r in rows], args.max_output, args.fit)
+    prompts = fit_lengths([r.context_tokens for r in rows], args.max_prompt, args.fit)
+    outputs = fit_lengths([r.generated_tokens for r in rows], args.max_output, args.fit)
     return fixed_specs(tok, prompts, outputs, seed)
 
 

@@ -50,12 +50,7 @@ def main(argv: Sequence[str] | None = None, job: Callable[..., Any] | None = Non
         return 0
     debugging = bool(os.environ.get(FULL_ERROR))
     try:
-        check_flags(args)
-        check_command_line(args, reg)
-        try:
-            run_hydra(args, job)
-        finally:  # a sweep that stopped early: its table and parent run, before the error
-            finish_early()
+        run_command(args, job)
     except (UserError, Refused) as error:
         if debugging:
             raise
@@ -68,6 +63,19 @@ def main(argv: Sequence[str] | None = None, job: Callable[..., Any] | None = Non
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_command(args: list[str], job: Callable[..., Any] | None = None) -> None:
+    """The command line `args` checked and run through Hydra, raising whatever stops it: a
+    user's mistake (`UserError`, `Refused` from inside a job, or an error of Hydra's that
+    `hydra_user_error` reads as one) or a bug. `main` sorts them into exit statuses; a
+    caller in Python (`framework.studies.notebook`) gets them as exceptions."""
+    check_flags(args)
+    check_command_line(args, registry())
+    try:
+        run_hydra(args, job)
+    finally:  # a sweep that stopped early: its table and parent run, before the error
+        finish_early()
 
 
 def check_flags(args: list[str]) -> None:

@@ -38,16 +38,7 @@ from framework.engine.cluster import ClusterResult, check_served_once, route
 from framework.engine.loop import RunResult
 from framework.engine.request import RequestSpec
 from framework.run.cluster_run import merge
-
-
-class _NoHooks:
-    """An actor's engine reports to nobody: the observers run in the driver."""
-
-    def on_step_end(self, stats: Any) -> None:
-        pass
-
-    def on_request_finished(self, request: Any) -> None:
-        pass
+from framework.run.in_process import NullHooks
 
 
 class ReplicaActor:
@@ -63,7 +54,8 @@ class ReplicaActor:
             torch.set_num_threads(int(cfg.threads))
         torch.manual_seed(cfg.seed)
         model, tokenizer, device, dtype = load(cfg)
-        self.engine = build_engine(cfg, model, device, dtype, _NoHooks())
+        # The observers run in the driver: this replica's engine reports to nobody.
+        self.engine = build_engine(cfg, model, device, dtype, NullHooks())
         self.eos = tokenizer.eos_token_id
         self.inbox: queue.SimpleQueue[RequestSpec] = queue.SimpleQueue()
         self.closed = threading.Event()

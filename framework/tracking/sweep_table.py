@@ -10,8 +10,9 @@ so the table is then written at exit: that is when one wants to see which jobs f
 
 Listed after `tracking` in `hydra.callbacks`: Hydra runs end hooks in reverse order, so the
 files are written before the sweep's MLflow parent run uploads the top of the folder, and the
-parent run's line comes last. A study (`+experiment=NAME`) prints its own table; this one is
-then only written, not printed (unless the study wrote none, having refused to compare).
+parent run's line comes last. A study (`+experiment=NAME`) prints its own table, written by
+the same `write_table` (framework/studies); this one is then only written, not printed
+(unless the study wrote none, having refused to compare).
 """
 
 from __future__ import annotations
@@ -101,13 +102,29 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     return list(rows[0]) if rows else ["job", *METRIC_COLUMNS, "status"]
 
 
+def write_table(
+    folder: Path,
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    cols: Sequence[str],
+    title: str,
+    note: str,
+    heading: str = "",
+) -> Path:
+    """An end-of-sweep table at the top of the sweep folder: `NAME.csv` (raw values) and
+    `NAME.md` (the title, a heading, the table, a note). The sweep's own table and every
+    study's (`framework.studies`) are written by this one function, so they read alike.
+    Returns the Markdown file."""
+    write_csv(rows, cols, folder / f"{name}.csv")
+    head = f"{heading}\n\n" if heading else ""
+    md = folder / f"{name}.md"
+    md.write_text(f"## {title}\n\n{head}{markdown_table(rows, cols)}\n\n{note}\n")
+    return md
+
+
 def write_sweep_table(rows: Sequence[dict[str, Any]], sweep_dir: Path, title: str) -> Path:
     """`sweep.md` and `sweep.csv` at the top of the sweep folder; returns the Markdown file."""
-    cols = columns(rows)
-    write_csv(rows, cols, sweep_dir / f"{NAME}.csv")
-    md = sweep_dir / f"{NAME}.md"
-    md.write_text(f"## {title}\n\n{markdown_table(rows, cols)}\n\n{NOTE}\n")
-    return md
+    return write_table(sweep_dir, NAME, rows, columns(rows), title, NOTE)
 
 
 def _rich_table(rows: Sequence[dict[str, Any]], title: str, headers: Sequence[str]) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from framework.engine.batch import StepBatch
-from framework.engine.frozen import make_frozen
+from framework.engine.view_factory import make_frozen
 from framework.executors.packed_linear import rows_bucket
 
 NAMES = (

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from framework.engine.frozen import make_frozen
+from framework.engine.view_factory import make_frozen
 from framework.executors.simulated.cost import FORMAT, HostCost, ProfileError, StepCost
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.linear_cost import (

@@ -1,5 +1,5 @@
 """Published per-operator GPU tables (Vidur's format) read into arrays, and the cost model's
-prediction of every row: what `gpu_fit` fits and `gpu_check` judges.
+prediction of every row: what `gpu_fit` fits and `experiments.gpu_check` judges.
 
 An operator table has one row per (token count, tensor-parallel degree) of one model shape:
 `time_stats.<op>.median` in milliseconds for the operators of one layer, then `n_head`,

@@ -7,11 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.toolkit.paths import DEFAULT_TRACE
-from experiments.toolkit.workloads import fit as fit_lengths
+from framework.run.paths import DEFAULT_TRACE
 from framework.workloads.trace import read_trace
 
 SAMPLED = {"temperature": 0.7, "top_p": 0.9}  # the grid's sampled (random) requests
+
+
+def fit_lengths(lengths: list[int], cap: int, how: str) -> list[int]:
+    """Lengths brought under `cap`: `scale` multiplies all by cap / longest (the mix keeps
+    its proportions), `clamp` cuts only those above; at least 1 token each. The benchmark's
+    queued slice of the Azure trace is scaled so too, and the grid holds its shapes."""
+    longest = max(lengths)
+    if how == "scale" and longest > cap:
+        return [max(1, round(n * cap / longest)) for n in lengths]
+    return [max(1, min(n, cap)) for n in lengths]
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,7 @@ def trace(
     holdout: bool = False,
 ) -> Point:
     """A slice of the Azure conversation trace, lengths scaled as the benchmark scales them
-    (`toolkit.workloads.fit`), all queued at t=0 through n slots."""
+    (`fit_lengths`), all queued at t=0 through n slots."""
     prompts = fit_lengths([c for c, _ in tok_rows], max_prompt, "scale")
     outputs = fit_lengths([g for _, g in tok_rows], max_output, "scale")
     return Point(name, tuple(prompts), tuple(outputs), n, holdout)
@@ -109,7 +118,7 @@ def workload(point: Point, seed: int) -> dict[str, Any]:
 
 
 # One request's five 1-row decode steps: every weight read once, as bandwidth-bound as a
-# step gets. The simulator check times the same probe (`canary.py`) against the profile's.
+# step gets. The simulator check times the same probe against the profile's.
 CANARY = Point("canary", (16,), (6,), 1)
 # One 128-token prompt's prefill, mostly the Linear layers' arithmetic: the compute-bound
 # probe beside it (`fit.prefill_canary_best_s`). A shared VM's neighbours slow the two apart.

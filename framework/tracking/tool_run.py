@@ -1,7 +1,8 @@
-"""One tool run logged to MLflow, the same way for every tool: the run config and the tool's
-arguments as params, its headline numbers as metrics, its files as artifacts, and child runs
-where a tool has parts worth finding on their own. A failing store costs nothing: the files
-are already written, and one line says where."""
+"""One tool run (`python -m experiments.<tool>`: a calibration, a benchmark, a check) logged
+to MLflow, the same way for every tool: the run config and the tool's arguments as params, its
+headline numbers as metrics, its files as artifacts, and child runs where a tool has parts
+worth finding on their own. A failing store costs nothing: the files are already written,
+and one line says where. Also the command as typed, which a tool's files quote."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.tracking.store import TrackingStore
 from framework.tracking.tags import environment_tags, flatten
+
+
+def command_line(tool: str, argv: list[str] | None) -> str:
+    """The command as typed, for a report's header or a file's provenance."""
+    return " ".join([f"python -m experiments.{tool}", *(sys.argv[1:] if argv is None else argv)])
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from experiments.gpu.tables import (
+from framework.calibration.gpu_tables import (
     TABLE_DTYPE_BYTES,
     CollectiveTable,
     OperatorTable,
@@ -36,7 +36,6 @@ from experiments.gpu.tables import (
     read_collective_table,
     read_operator_table,
 )
-from experiments.toolkit import cli
 from framework.executors.simulated.gpu.hardware import hardware_spec_path
 from framework.executors.simulated.gpu.kernels import (
     STREAM_FAMILIES,
@@ -45,6 +44,7 @@ from framework.executors.simulated.gpu.kernels import (
     StreamFit,
 )
 from framework.executors.simulated.gpu.shard import Device, Gemm, Stream, layer_shapes
+from framework.tracking.tool_run import command_line
 
 GEMM_START = (5e-6, 0.9, 0.75, 64.0, 2.0, 64.0, 0.5)
 GEMM_BOUNDS = ((0, 0.1, 0.1, 0, 1, 8, 0), (1e-4, 1.0, 1.0, 5000, 20, 256, 1))
@@ -173,9 +173,13 @@ def write_spec(path: Path, spec: dict[str, Any], command: str) -> None:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = cli.parser(__doc__)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("table", type=Path, help="a per-operator table (Vidur's *.mlp.csv format)")
-    cli.add_hardware(ap, "the GPU the table was measured on (a shipped spec's name or a file)")
+    ap.add_argument(
+        "--hardware",
+        required=True,
+        help="the GPU the table was measured on (a shipped spec's name or a file)",
+    )
     ap.add_argument(
         "--also",
         action="append",
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.collective) != len(args.interconnect):
         print("error: give one --interconnect for each --collective", file=sys.stderr)
         return 2
-    command = cli.command_line("gpu_fit", argv)
+    command = command_line("gpu_fit", argv)
     try:
         table = read_operator_table(args.table)
         links = {

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from experiments.sim.grid import SAMPLED, Point
-from experiments.sim.points import PointRun
-from experiments.toolkit.paths import OUTPUTS
+from framework.calibration.grid import SAMPLED, Point
+from framework.calibration.point_run import PointRun
 from framework.engine.counters import HOST_PHASES
 from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import MeasuredProfile
+from framework.run.paths import OUTPUTS
 from framework.tracking.machine import cpu_info
 from framework.tracking.tags import environment_tags
 

@@ -3,7 +3,7 @@
 
 Each job of the sweep is one run of its config at its `workload.rate`, with its folder and
 MLflow run as any job's. When the sweep is done, `GoodputStudy` searches each job's
-config for its goodput as DistServe defines it (`experiments.sim.goodput`: the highest
+config for its goodput as DistServe defines it (`framework.studies.goodput`: the highest
 request rate at which `attainment` of all the requests meet both the TTFT and the TPOT
 target of its workload), on the simulator, and writes `NAME.md`, `NAME.csv` and `NAME.png`
 at the top of the sweep folder. A row is a job: its goodput and goodput per GPU; which
@@ -19,6 +19,7 @@ run again: `python -m experiments.goodput_study multirun/NAME/DATE`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import multiprocessing
@@ -31,15 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from experiments.policy.sweep_runs import DifferentWork, check_same_work, load_sweep
-from experiments.sim.goodput import BASE, Prober, check_config, compose_config, find_goodput
-from experiments.toolkit import cli
+from framework.run.compose import compose_cfg
 from framework.run.errors import UserError
+from framework.studies.goodput_probes import BASE, Prober, check_config
+from framework.studies.goodput_search import find_goodput
+from framework.studies.study_report import SweepStudy
+from framework.studies.sweep_runs import check_same_work, load_sweep
 from framework.tracking.plots import plot_bars
-from framework.tracking.tables import job_folders, markdown_table, write_csv
+from framework.tracking.sweep_table import write_table
+from framework.tracking.tables import job_folders
 from framework.tracking.tags import environment_tags
 
 # The pools a replica's role puts it in, in the table's order.
@@ -104,7 +107,7 @@ def job_searches(sweep_dir: Path, s: Settings) -> list[Search]:
                 f"study: no SLO for workload={workload} (job {folder.name}); the study's slo "
                 f"has {known}: add hydra.callbacks.study.slo.{workload}=[TTFT_S,TPOT_S]"
             )
-        cfg = compose_config([*BASE, *overrides])
+        cfg = compose_cfg([*BASE, *overrides])
         rate = check_config(cfg)
         searches.append(
             Search(
@@ -212,7 +215,6 @@ def write_report(
     name: str, title: str, rows: list[dict[str, Any]], s: Settings, out: Path, seconds: float
 ) -> Path:
     """`NAME.md`, `NAME.csv` and `NAME.png` in `out`; returns the Markdown file."""
-    write_csv(rows, COLUMNS, out / f"{name}.csv")
     tags = environment_tags()
     profile = rows[0]["profile"] if rows else {}
     slo = "; ".join(f"{w}: TTFT <= {t:g} s, TPOT <= {p:g} s" for w, (t, p) in s.slo.items())
@@ -235,9 +237,7 @@ def write_report(
         "from the reservation to the last byte landed; kv_wait_s_p99: a request's wait at "
         "its prefill replica for a decode replica's blocks."
     )
-    table = markdown_table(rows, COLUMNS)
-    md = out / f"{name}.md"
-    md.write_text(f"## {title}\n\n{heading}\n\n{table}\n\n{note}\n")
+    md = write_table(out, name, rows, COLUMNS, title, note, heading)
     for r in rows:
         r["run"] = f"{r['workload']} / {r['layout']}"
     drawn = ["goodput_rps", "ttft_p99_s", "tpot_p99_s", "kv_transfer_s_p99"]
@@ -259,33 +259,24 @@ def study(name: str, title: str, sweep_dir: Path, params: dict[str, Any]) -> Pat
     return write_report(name, title, rows, s, sweep_dir, time.perf_counter() - began)
 
 
-class GoodputStudy(Callback):
+class GoodputStudy(SweepStudy):
     """Hydra callback (`hydra.callbacks.study`): each job's goodput, once the sweep is
     done. Its config's other fields are the study's parameters (`Settings`)."""
 
     def __init__(self, name: str, title: str, **params: Any) -> None:
-        self.name = name
+        super().__init__(name, **params)
         self.title = title
-        self.params = params
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """A refusal leaves as SystemExit (Hydra reports a callback's exception as a mere
-        warning), its reason also written in the sweep folder (`NAME.refused.txt`)."""
-        sweep_dir = Path(config.hydra.sweep.dir)
-        params = OmegaConf.to_container(OmegaConf.create(self.params), resolve=True)
-        try:
-            md = study(self.name, self.title, sweep_dir, params)  # type: ignore[arg-type]
-        except (UserError, FileNotFoundError, DifferentWork) as exc:
-            (sweep_dir / f"{self.name}.refused.txt").write_text(f"{exc}\n")
-            raise SystemExit(f"study {self.name}: {exc}") from exc
-        print(md.read_text(), flush=True)
-        print(f"study {self.name}: {md}, .csv and .png", flush=True)
+    def write(self, sweep_dir: Path, params: dict[str, Any]) -> Path:
+        return study(self.name, self.title, sweep_dir, params)
 
 
 def main(argv: list[str] | None = None) -> Path:
     """A finished sweep's goodput table, written again: its experiment's study settings
     are read from the sweep's own Hydra config."""
-    ap = cli.parser("A finished sweep's goodput table, its searches run again.")
+    ap = argparse.ArgumentParser(
+        description="A finished sweep's goodput table, its searches run again."
+    )
     ap.add_argument("sweep_dir", type=Path, help="the sweep's folder (multirun/NAME/DATE)")
     args = ap.parse_args(argv)
     hydra = OmegaConf.load(args.sweep_dir / "multirun.yaml").hydra

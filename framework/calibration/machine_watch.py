@@ -1,5 +1,6 @@
-"""The calibration's gate: other processes' work kept out of the measurements, and probes
-of the machine's own state timed between the grid points, which the fit is taken to."""
+"""The machine watched while the grid is measured (`MachineWatch`): other processes' work
+kept out of the measurements, and probes of the machine's own state timed between the grid
+points, whose medians are the state the fit is taken to."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import statistics
 import time
 from collections.abc import Callable
 
-from experiments.sim.grid import CANARY, PREFILL_CANARY, Point
-from experiments.sim.points import PointRun
-from experiments.toolkit.machine import others_share
+from framework.calibration.grid import CANARY, PREFILL_CANARY, Point
+from framework.calibration.machine_load import others_share
+from framework.calibration.point_run import PointRun
 
 
-class Gate:
-    """Keeps other processes' work out of the measurements.
+class MachineWatch:
+    """Keeps other processes' work out of the measurements, and probes the machine.
 
     A point during which other processes took more than `max_foreign` of the CPUs (from
     /proc/stat, less this process's own time) is measured again, up to `tries` times, each

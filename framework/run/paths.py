@@ -1,5 +1,6 @@
-"""Where things are: the repository, its Hydra configs, the default output folder and the
-Azure traces kept beside the repository (`../shared`), so every tool finds them alike."""
+"""Where things are, for code that runs configs from Python rather than through `run.py`: the
+repository, its Hydra configs, the default output folder, and the Azure traces kept beside
+the repository (`../shared`), so every tool finds them alike."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Measuring one grid point: the real engine serves it with its executor wrapped in a
-recorder that keeps every step's features and seconds, and the machine's share of other
-processes' work during the run."""
+"""One grid point served and timed (`PointRun`): the real engine serves it with its executor
+wrapped in a recorder that keeps every step's features and seconds, and the machine's share
+of other processes' work during the run is kept beside them."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from experiments.sim.grid import Point, workload
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.engine import NullHooks
-from experiments.toolkit.machine import cpu_seconds, foreign_share, sync
+from framework.calibration.grid import Point, workload
+from framework.calibration.machine_load import cpu_seconds, foreign_share, sync
 from framework.engine.counters import HOST_PHASES, StepStats
 from framework.engine.readback import Readback
 from framework.executors.packed_linear import PACKED
 from framework.executors.simulated.features import StepFeatures
 from framework.run.app import build_engine
+from framework.run.compose import compose_cfg
+from framework.run.in_process import NullHooks
 from framework.workloads import build_workload
 
 

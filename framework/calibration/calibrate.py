@@ -37,15 +37,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from experiments.sim.fitting import DRIFT, calibrate
-from experiments.sim.grid import cuda_grid, full_grid, quick_grid
-from experiments.sim.profile_file import default_out, hardware_slug, report, write_raw
-from experiments.toolkit import cli
-from experiments.toolkit.config import compose_cfg
-from experiments.toolkit.engine import threads_kept
-from experiments.toolkit.tracking import log_run
+from framework.calibration.fitting import DRIFT, calibrate
+from framework.calibration.grid import cuda_grid, full_grid, quick_grid
+from framework.calibration.profile_file import default_out, hardware_slug, report, write_raw
 from framework.executors.simulated.profile import MeasuredProfile
 from framework.run.app import resolve_device
+from framework.run.compose import compose_cfg
+from framework.run.in_process import threads_kept
+from framework.tracking.tool_run import command_line, log_run
 
 
 def log_profile(
@@ -83,14 +82,15 @@ def log_profile(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = cli.parser(__doc__)
-    cli.add_out(
-        ap,
-        None,
-        "the profile file (.yaml or .json); default outputs/calibrate/"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the profile file (.yaml or .json); default outputs/calibrate/"
         "<model>-<dtype>-<hardware>.yaml",
     )
-    cli.add_quick(ap, "the tiny model and a small grid")
+    ap.add_argument("--quick", action="store_true", help="the tiny model and a small grid")
     ap.add_argument("--raw", type=Path, default=None, help="also write every timed step (CSV)")
     ap.add_argument(
         "--max-foreign",
@@ -128,13 +128,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="probes: fit each run's steps at the grid's median state, from the probes timed "
         "around it (default); none: as measured",
     )
-    cli.add_overrides(ap, "Hydra overrides (model=, dtype=, device=, ...)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=, dtype=, device=, ...)")
     return ap.parse_args(argv)
 
 
 def run(args: argparse.Namespace, command: str = "") -> tuple[MeasuredProfile, Path]:
     """Calibrate, write the profile, report, log: (the profile, where it was written)."""
-    overrides = cli.run_overrides(args)
+    overrides = [*(["model=tiny"] if args.quick else []), *args.overrides]
     on_cuda = resolve_device(str(compose_cfg(overrides).device)).type == "cuda"
     grid = quick_grid() if args.quick else cuda_grid() if on_cuda else full_grid()
     with threads_kept():
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, command: str = "") -> tuple[MeasuredProfile, P
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
-    command = cli.command_line("calibrate", argv)
+    command = command_line("calibrate", argv)
     try:
         return run(args, command)[1]
     except ValueError as err:

@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from experiments.toolkit import cli
-from experiments.toolkit.paths import ROOT
 from framework.executors.simulated.analytic import PROFILES_DIR, AnalyticProfile
 from framework.executors.simulated.cost import ProfileError, model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.gpu.hardware import load_hardware_spec
+from framework.run.paths import ROOT
 
 DECODE_CTX = 1024  # each decode row's context in the summary's decode steps
 PREFILL_TOKENS = 2048
@@ -150,13 +149,13 @@ def write(profile: AnalyticProfile, out: Path) -> Path:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = cli.parser(__doc__)
-    cli.add_hardware(ap)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hardware", required=True, help="a shipped spec's name or a spec file")
     ap.add_argument("--model", required=True, help="a folder with a config.json (or a hub id)")
     ap.add_argument("--dtype", default="bfloat16", help="float32, tfloat32, bfloat16, float16")
     ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs a replica spans")
-    cli.add_interconnect(ap, "dgx or nvlink_pair (TP > 1)")
-    cli.add_out(ap, None, "the profile file to write")
+    ap.add_argument("--interconnect", default="dgx", help="dgx or nvlink_pair (TP > 1)")
+    ap.add_argument("--out", type=Path, default=None, help="the profile file to write")
     ap.add_argument(
         "--against",
         default=None,

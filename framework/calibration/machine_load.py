@@ -1,6 +1,6 @@
-"""Probes of the machine a tool runs on. A shared VM's neighbours slow every measured step,
-so the tools read how much of the CPUs other processes took while they measured, and time
-calls the same way on a CPU and on a GPU."""
+"""How loaded the machine is while something is measured on it. A shared VM's neighbours slow
+every measured step, so the calibration and the tools read how much of the CPUs other
+processes took while they measured, and time calls the same way on a CPU and on a GPU."""
 
 from __future__ import annotations
 

@@ -11,13 +11,13 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from experiments.sim.gate import Gate
-from experiments.sim.grid import CANARY, PREFILL_CANARY, Point, decode, mixed
-from experiments.sim.points import PointRun, host_seconds, readback_seconds, serve_point
-from experiments.sim.profile_file import make_meta
-from experiments.toolkit.config import compose_cfg
+from framework.calibration.grid import CANARY, PREFILL_CANARY, Point, decode, mixed
+from framework.calibration.machine_watch import MachineWatch
+from framework.calibration.point_run import PointRun, host_seconds, readback_seconds, serve_point
+from framework.calibration.profile_file import make_meta
 from framework.executors.simulated.profile import LinearCost, MeasuredProfile, Sample, fit_host
 from framework.run.app import check_before_loading, load
+from framework.run.compose import compose_cfg
 
 # Forward terms, by the code path the steps take; NNLS drops (zeroes) what does not help.
 # The terms: `linear_tokens` is what the Linear layers multiply (padded to oneDNN's buckets
@@ -121,7 +121,7 @@ def pass_spread(runs: list[PointRun], samples: list[list[Sample]]) -> float | No
     return statistics.median(spreads) if spreads else None
 
 
-def clean_runs(runs: list[PointRun], gate: Gate) -> list[PointRun]:
+def clean_runs(runs: list[PointRun], watch: MachineWatch) -> list[PointRun]:
     """The runs of each point that other processes left alone; a point with none keeps its
     quietest run. Others' work only ever slows a step down, so its runs would bias every
     coefficient upward."""
@@ -130,7 +130,7 @@ def clean_runs(runs: list[PointRun], gate: Gate) -> list[PointRun]:
         by.setdefault(m.point.name, []).append(m)
     kept: set[int] = set()
     for group in by.values():
-        quiet = [m for m in group if not gate.busy(m)]
+        quiet = [m for m in group if not watch.busy(m)]
         kept |= {id(m) for m in quiet or [min(group, key=lambda m: m.foreign)]}
     return [m for m in runs if id(m) in kept]
 
@@ -178,12 +178,12 @@ def calibrate(
     ):
         serve(p)
     readback = readback_seconds(device)
-    gate = Gate(serve, max_foreign, max_wait_s, wait_budget_s, enabled=gated)
-    canary_start = gate.canary()
+    watch = MachineWatch(serve, max_foreign, max_wait_s, wait_budget_s, enabled=gated)
+    canary_start = watch.canary()
     order = [p for k in range(passes) for p in (grid if k % 2 == 0 else grid[::-1])]
     runs: list[PointRun] = []
     for i, p in enumerate(order, 1):
-        got = gate.measure(p)
+        got = watch.measure(p)
         runs.append(got)
         fwd = sum(s[1] for s in got.steps)
         log(
@@ -193,8 +193,8 @@ def calibrate(
             + (f"  ({got.attempts} tries)" if got.attempts > 1 else "")
         )
     paths = runs[0].extra
-    canary_end = gate.canary()
-    used = clean_runs(runs, gate) if gated else runs
+    canary_end = watch.canary()
+    used = clean_runs(runs, watch) if gated else runs
     measured = [at_reference(m) for m in used]  # each run's samples
     host_rows, host_s = [], []
     for m in used:
@@ -217,7 +217,7 @@ def calibrate(
         )
 
     profile = fit([s for run in measured for s in run])
-    reference = (statistics.median(gate.grid_canaries), statistics.median(gate.grid_prefills))
+    reference = (statistics.median(watch.grid_canaries), statistics.median(watch.grid_prefills))
     spread = {"measured": pass_spread(used, measured)}
     if drift == "probes":
         # The first fit's shape splits each step into the seconds that go with memory
@@ -250,14 +250,14 @@ def calibrate(
     report["canary_start_s"] = round(canary_start, 5)
     report["canary_end_s"] = round(canary_end, 5)
     # The quietest probes: the reference for a reader of profiles without the grid medians.
-    report["canary_best_s"] = round(gate.best_canary, 5)
-    report["prefill_canary_best_s"] = round(gate.best_prefill, 5)
+    report["canary_best_s"] = round(watch.best_canary, 5)
+    report["prefill_canary_best_s"] = round(watch.best_prefill, 5)
     # The probes' medians over the grid (one pair after each point): the state the fit
     # describes, which sim_check --speed auto compares its own medians with.
-    report["canary_grid_s"] = round(statistics.median(gate.grid_canaries), 5)
-    report["prefill_canary_grid_s"] = round(statistics.median(gate.grid_prefills), 5)
-    report["remeasured_points"] = gate.retries
+    report["canary_grid_s"] = round(statistics.median(watch.grid_canaries), 5)
+    report["prefill_canary_grid_s"] = round(statistics.median(watch.grid_prefills), 5)
+    report["remeasured_points"] = watch.retries
     report["runs_left_out"] = len(runs) - len(used)
-    report["waited_s"] = round(gate.waited_s, 1)
+    report["waited_s"] = round(watch.waited_s, 1)
     profile.fit_report["calibration_s"] = round(time.perf_counter() - t0, 1)
     return profile, runs, base

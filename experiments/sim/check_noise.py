@@ -1,4 +1,5 @@
-"""Twins: the cases of one simulator check that took the same steps.
+"""The machine's noise measured in the simulator check itself, from its twins: the cases
+that took the same steps.
 
 Two policies can serve a closed-loop workload with the same schedule: static batching with
 worst-case or with incremental allocation, while the pool never runs dry; continuous,
