@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from framework.engine.sequence import Status
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize
+from framework.tracking import replica_plots
+from framework.tracking.figures import save_figure
 from framework.tracking.plots import read_step_columns
 from framework.tracking.replica_plots import plot_replica_load, transfers_in_flight
 from tests.helpers import assert_refused, cli, draw_specs, make_cfg, spec, tokens
@@ -35,6 +38,14 @@ ROUTERS = (
 SIM = ("model=tiny", "executor=simulated", "executor.host_time=model", "observers=[]")
 # The tiny model's KV a token: 2 layers x 2 KV heads x head dim 16 x 4 bytes (fp32) x 2.
 KV_BYTES_PER_TOKEN = 2 * 2 * 16 * 4 * 2
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height in pixels, from its header (which must be a PNG's)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", f"{path}: not a PNG"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +339,7 @@ def test_a_decode_choice_out_of_range_is_stopped_by_name(shape: tuple[Any, Any])
 
 
 def test_a_disaggregated_run_from_the_command_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     status, _, err = cli(
         capsys, *SIM, "workload=straggler", "cluster.replicas=3", "cluster.prefill=1",
@@ -363,10 +374,31 @@ def test_a_disaggregated_run_from_the_command_line(
     assert sorted(moving) == [0, 1, 2]
     for _, counts in moving.values():
         assert counts.min() >= 0 and counts[-1] == 0 and counts.max() >= 1
+    # The picture: per replica, its rows and blocks at each of its steps, and its transfers.
     wanted = ("time", "rows", "blocks_in_use", "replica")
     columns = read_step_columns(tmp_path / "steps.csv", wanted)
+    figures: list[Any] = []
+
+    def keep(fig: Any, path: Path) -> Path:
+        figures.append(fig)
+        return save_figure(fig, path)
+
+    monkeypatch.setattr(replica_plots, "save_figure", keep)
     drawn = plot_replica_load(columns, tmp_path / "replica_load.png", rows)
-    assert drawn.stat().st_size > 0
+    (fig,) = figures
+    assert png_size(drawn) == (900, 750)  # three panels of 9 x 2.5 inches at 100 dpi
+    rows_ax, blocks_ax, kv_ax = fig.axes
+    for replica in (0, 1, 2):
+        mine = columns["replica"] == replica
+        assert mine.any()
+        for ax, column in ((rows_ax, "rows"), (blocks_ax, "blocks_in_use")):
+            (line,) = [ln for ln in ax.get_lines() if ln.get_label() == f"replica {replica}"]
+            assert line.get_xdata().tolist() == columns["time"][mine].tolist()
+            assert line.get_ydata().tolist() == columns[column][mine].tolist()
+    curves = [(ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in kv_ax.get_lines()]
+    assert curves == [(t.tolist(), counts.tolist()) for t, counts in moving.values()]
+    starts = [sum(b > a for a, b in zip([0, *y], y, strict=False)) for _, y in curves]
+    assert starts == [8, 4, 4]  # replica 0 sends every transfer, each decode replica gets 4
 
 
 @pytest.mark.parametrize(

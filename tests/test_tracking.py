@@ -14,10 +14,13 @@ import enum
 import gc
 import json
 import os
+import struct
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
+from importlib import metadata
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +34,6 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from experiments.policy.sweep_runs import load_run
 from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
 from framework.engine.counters import STEP_COLUMNS
@@ -39,9 +41,14 @@ from framework.run import steps_csv
 from framework.run.observers import run_with_observers
 from framework.run.steps_csv import write_steps
 from framework.run.summary import COUNT_KEYS
+from framework.studies.sweep_runs import load_run
 from framework.tracking import background as background_module
 from framework.tracking import plots as plots_module
+from framework.tracking import replica_plots as replica_plots_module
 from framework.tracking.background import ORPHANED, BackgroundRun
+from framework.tracking.figures import plt
+from framework.tracking.figures import save_figure as real_save_figure
+from framework.tracking.machine import cpu_model
 from framework.tracking.plots import (
     PLOTS,
     STEP_PLOT_COLUMNS,
@@ -53,6 +60,7 @@ from framework.tracking.plots import (
     save_run_plots,
     step_columns,
 )
+from framework.tracking.run_files import run_file
 from framework.tracking.tags import flatten, sweep_plan
 from plugins.observers.mlflow_logger import MlflowLogger
 from tests.helpers import ROOT, make_cfg
@@ -95,7 +103,7 @@ def runs_of(uri: str, experiment: str) -> list[Any]:
 
 
 def test_a_long_runs_files_are_gzipped_and_the_artifacts_capped(
-    tracked: str, loaded: tuple[Any, ...], tmp_path: Path
+    tracked: str, loaded: tuple[Any, ...], tmp_path: Path, figures: dict[str, Any]
 ) -> None:
     """`results.compress=true` writes steps.csv.gz and outputs.jsonl.gz, which the plots and
     the studies read back; `mlflow.max_artifact_mb` uploads the smallest files that fit and
@@ -111,22 +119,131 @@ def test_a_long_runs_files_are_gzipped_and_the_artifacts_capped(
     )
     run_with_observers(cfg, tmp_path, loaded)
     assert not (tmp_path / "steps.csv").exists() and not (tmp_path / "outputs.jsonl").exists()
-    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)  # drawn from the .gz
+    assert_plots_show_the_run(tmp_path, figures)  # drawn from the .gz
     record = load_run(tmp_path)
     assert len(record.outputs) == 6 and len(record.steps) == record.metrics["steps"]
     (run,) = runs_of(tracked, "capped")
     uploaded = artifacts(tracked, run.info.run_id)
     on_disk = {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.is_file()}
-    assert "metrics.json" in uploaded
-    assert sum(on_disk[n] for n in uploaded if n in on_disk) <= cap_mb * 2**20
+    assert {"metrics.json", "config.yaml", "requests.csv"} <= uploaded  # the smallest
+    room = cap_mb * 2**20 - sum(on_disk[n] for n in uploaded if n in on_disk)
+    assert room >= 0
     left = set(on_disk) - uploaded
     assert left, "the cap leaves nothing out: make it smaller"
+    assert all(on_disk[n] > room for n in left)  # smallest first: none left out that fits
     tag = run.data.tags["nanoserve.artifacts_left_out"]
     assert all(name in tag for name in left) and str(tmp_path.resolve()) in tag
 
 
 def artifacts(uri: str, run_id: str) -> set[str]:
     return {a.path for a in MlflowClient(uri).list_artifacts(run_id)}
+
+
+# ---- what a picture shows ------------------------------------------------------------------
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG's width and height in pixels, from its header (which must be a PNG's)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG_MAGIC and head[12:16] == b"IHDR", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def assert_a_png_of(fig: Any, path: Path) -> None:
+    """`path` is the PNG of `fig`: its size at the 100 dpi `save_figure` draws at, and more
+    than a blank canvas (a figure whose curves went missing is a few flat colours)."""
+    want = tuple(round(v * 100) for v in fig.get_size_inches())
+    assert png_size(path) == want, path
+    pixels = plt.imread(path)
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 16, path
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every figure the pictures of a run save, by file name: what each was drawn from."""
+    drawn: dict[str, Any] = {}
+
+    def keep(fig: Any, path: Path) -> Path:
+        drawn[Path(path).name] = fig
+        return real_save_figure(fig, path)
+
+    monkeypatch.setattr(plots_module, "save_figure", keep)
+    monkeypatch.setattr(replica_plots_module, "save_figure", keep)
+    return drawn
+
+
+def drawn_bars(ax: Any) -> list[tuple[int, int, int, bool]]:
+    """The slot timeline's bars as (lane, first step, last step, wasted)."""
+    bars = []
+    for bar in ax.collections:  # one `broken_barh` a span
+        (path,) = bar.get_paths()
+        x, y = path.vertices[:, 0], path.vertices[:, 1]
+        start, end = round(x.min()), round(x.max()) - 1
+        bars.append((int(y.min()), start, end, bar.get_hatch() == "///"))
+    return bars
+
+
+def assert_plots_show_the_run(run_dir: Path, drawn: dict[str, Any]) -> None:
+    """The three pictures are PNGs of their figures, and each figure shows what the run's
+    files hold: the slot timeline fills as many slots each step as the engine ran rows (the
+    grey ones its wasted rows) and marks each preemption; the KV picture's curves are
+    steps.csv's blocks in use and waiting queue, with a marker at each step that preempted;
+    the latency CDFs step through requests.csv's TTFTs and end-to-end times."""
+    assert sorted(drawn) == sorted(PLOTS)
+    for name in PLOTS:
+        assert_a_png_of(drawn[name], run_dir / name)
+    steps_path = run_file(run_dir, "steps.csv")
+    steps = read_step_columns(steps_path, (*STEP_PLOT_COLUMNS, "wasted_rows"))
+    requests = read_csv(run_file(run_dir, "requests.csv"))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    slots = int(OmegaConf.load(run_dir / "config.yaml").engine.max_num_seqs)
+    n = len(steps["step"])
+    assert n == metrics["steps"] > 0 and steps["preempted"].sum() == metrics["preemptions"]
+
+    (timeline,) = drawn["slot_timeline.png"].axes
+    assert timeline.get_title() == f"slot timeline: {slots} slots x {n} steps"
+    bars = drawn_bars(timeline)
+    busy, wasted = Counter(), Counter()
+    for lane, start, end, grey in bars:
+        assert 0 <= lane < slots and 0 <= start <= end < n
+        (wasted if grey else busy).update(range(start, end + 1))
+    for lane in range(slots):  # a slot holds one row at a time
+        taken = sorted((s, e) for la, s, e, _ in bars if la == lane)
+        assert all(e < s2 for (_, e), (s2, _) in pairwise(taken)), lane
+    assert [busy[i] + wasted[i] for i in range(n)] == steps["rows"].tolist()
+    assert [wasted[i] for i in range(n)] == steps["wasted_rows"].tolist()
+    crosses = [line for line in timeline.get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == metrics["preemptions"]
+
+    kv, queue = drawn["kv_blocks.png"].axes
+    lines = {line.get_label(): line for line in kv.get_lines()}
+    used = lines["blocks in use"]
+    assert used.get_xdata().tolist() == steps["step"].tolist()
+    assert used.get_ydata().tolist() == steps["blocks_in_use"].tolist()
+    (waiting,) = queue.get_lines()
+    assert waiting.get_ydata().tolist() == steps["waiting"].tolist()
+    preempting = steps["step"][steps["preempted"] > 0].tolist()
+    marks = list(lines["preemption"].get_xdata()) if "preemption" in lines else []
+    assert marks == preempting
+    peak, pool = int(steps["blocks_in_use"].max()), metrics["num_blocks"]
+    assert kv.get_title().startswith(f"KV blocks in use: peak {peak} (pool {pool} blocks")
+    assert kv.get_title().endswith(f"; {metrics['preemptions']} preemptions")
+    if pool <= 2 * peak:
+        assert list(lines[f"pool {pool} blocks"].get_ydata()) == [pool, pool]
+    else:
+        assert "off the scale" in kv.get_title()
+
+    (cdf,) = drawn["latency_cdf.png"].axes
+    curves = {line.get_label().split(" (p50")[0]: line for line in cdf.get_lines()}
+    assert set(curves) == {"time to first token", "end to end"}
+    for label, column in (("time to first token", "ttft_s"), ("end to end", "e2e_s")):
+        values = sorted(float(r[column]) for r in requests if r[column])
+        assert len(values) == metrics["requests_finished"]
+        assert curves[label].get_xdata()[1:].tolist() == values
+        frac = curves[label].get_ydata().tolist()
+        assert frac[0] == 0.0 and frac[-1] == 1.0 and frac == sorted(frac)
 
 
 # ---- pieces --------------------------------------------------------------------------------
@@ -167,7 +284,11 @@ def test_sweep_plan_expands_like_the_basic_sweeper() -> None:
 # ---- one run -------------------------------------------------------------------------------
 @pytest.mark.parametrize("background", [False, True], ids=["this process", "helper process"])
 def test_a_run_is_logged_whole(
-    tracked: str, loaded: tuple[Any, ...], tmp_path: Path, background: bool
+    tracked: str,
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    background: bool,
+    figures: dict[str, Any],
 ) -> None:
     """Everything a run logs, whether this process logs it or the helper process beside the
     engine (`mlflow.background`, framework/tracking/background.py)."""
@@ -185,25 +306,15 @@ def test_a_run_is_logged_whole(
         "output=immediate"
     )
     params = run.data.params
-    for key in (
-        "scheduler.name",
-        "allocator.name",
-        "output.name",
-        "window",
-        "model.source",
-        "dtype",
-        "device",
-        "workload.output_lens",
-        "seed",
-        "engine.block_size",
-    ):
-        assert key in params, key
-    assert params["scheduler.name"] == "static"
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), skip=["mlflow"])
+    assert params == flat  # the whole config, each leaf as the run had it
+    assert params["scheduler.name"] == "static" and params["engine.max_num_seqs"] == "4"
     summary = json.loads((tmp_path / "metrics.json").read_text())
     for key in COUNT_KEYS:
         if isinstance(summary.get(key), int | float):
             assert run.data.metrics[key] == pytest.approx(summary[key]), key
-    assert run.data.metrics["token_slots"] == 144 and "makespan_s" in run.data.metrics
+    assert run.data.metrics["token_slots"] == 144
+    assert run.data.metrics["makespan_s"] == pytest.approx(summary["makespan_s"])
     client = MlflowClient(tracked)
     steps = read_csv(tmp_path / "steps.csv")
     for series in ("step.rows", "step.blocks_in_use", "step.waste_so_far", "step.window"):
@@ -215,19 +326,17 @@ def test_a_run_is_logged_whole(
     assert max(waste, key=lambda m: m.step).value == pytest.approx(summary["waste_fraction"])
     files = {"config.yaml", "metrics.json", "requests.csv", "steps.csv", "outputs.jsonl", *PLOTS}
     assert files <= artifacts(tracked, run.info.run_id)
-    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)  # beside the run too
+    assert_plots_show_the_run(tmp_path, figures)  # beside the run too
+    for name in PLOTS:  # the artifact is the picture drawn beside the run
+        got = client.download_artifacts(run.info.run_id, name, str(tmp_path / "back"))
+        assert Path(got).read_bytes() == (tmp_path / name).read_bytes(), name
     tags = run.data.tags
-    for tag in (
-        "git.commit",
-        "machine.cpu",
-        "machine.cores",
-        "machine.gpu",
-        "version.torch",
-        "version.mlflow",
-        "version.nanoserve",
-    ):
-        assert tags.get(tag), tag
-    assert tags["machine.cores"] == str(os.cpu_count())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert tags["git.commit"] == (head.stdout.strip() or "unknown")  # "unknown": no git here
+    assert tags["machine.cpu"] == cpu_model() and tags["machine.cores"] == str(os.cpu_count())
+    assert tags["machine.gpu"] == "none" or torch.cuda.is_available()
+    for package in ("torch", "mlflow", "nanoserve"):
+        assert tags[f"version.{package}"] == metadata.version(package), package
 
 
 @pytest.fixture
@@ -407,9 +516,12 @@ def test_a_stopped_run_is_logged_as_killed_or_failed(
     assert isinstance(raised.value, type(error)) or "boom" in str(raised.value)
     (run,) = runs_of(tracked, experiment)
     assert run.info.status == status
-    assert "metrics.json" in artifacts(tracked, run.info.run_id)
     summary = json.loads((tmp_path / "metrics.json").read_text())
     assert summary["incomplete"] and run.data.metrics["steps"] == summary["steps"] > 0
+    uploaded = MlflowClient(tracked).download_artifacts(
+        run.info.run_id, "metrics.json", str(tmp_path / "back")
+    )
+    assert json.loads(Path(uploaded).read_text()) == summary  # the partial summary, uploaded
 
 
 # ---- a multirun ----------------------------------------------------------------------------
@@ -439,13 +551,20 @@ def test_a_multirun_is_one_parent_with_a_child_per_job(store_uri: str, tmp_path:
     )
     assert all(c.info.status == "FINISHED" for c in children)
     assert all(c.data.params["choice.workload"] == "straggler" for c in children)
-    assert "multirun.yaml" in artifacts(store_uri, parent.info.run_id)
+    swept = MlflowClient(store_uri).download_artifacts(
+        parent.info.run_id, "multirun.yaml", str(tmp_path / "back")
+    )
+    task = list(OmegaConf.load(swept).hydra.overrides.task)
+    assert {"scheduler=static,continuous", "allocator=worst_case,incremental"} <= set(task)
     assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
 
 
 # ---- plots and progress --------------------------------------------------------------------
 def test_the_slot_timeline_matches_the_engine_rows(
-    loaded: tuple[Any, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    loaded: tuple[Any, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    figures: dict[str, Any],
 ) -> None:
     run_with_observers(make_cfg(*TIGHT, "observers=[progress,plots]"), tmp_path, loaded)
     steps = read_csv(tmp_path / "steps.csv")
@@ -461,12 +580,12 @@ def test_the_slot_timeline_matches_the_engine_rows(
     assert [per_step.get(i, 0) for i in range(len(steps))] == [int(s["rows"]) for s in steps]
     assert max(lane for lane, _ in placed) < 6  # never more lanes than slots
     assert sum(sp.preempted for _, sp in placed) == sum(int(s["preempted"]) for s in steps)
-    assert all((tmp_path / p).stat().st_size > 0 for p in PLOTS)
+    assert_plots_show_the_run(tmp_path, figures)
     assert "requests" not in capsys.readouterr().err  # no progress bar off a terminal
 
 
 def test_the_plots_read_only_their_columns_of_steps_csv(
-    loaded: tuple[Any, ...], tmp_path: Path
+    loaded: tuple[Any, ...], tmp_path: Path, figures: dict[str, Any]
 ) -> None:
     """A whole day's trace is a million steps: the pictures keep 6 of steps.csv's columns as
     arrays, the same values read back from the file as taken from the run in memory."""
@@ -486,8 +605,8 @@ def test_the_plots_read_only_their_columns_of_steps_csv(
     with pytest.raises(ValueError, match="no column 'nope'"):
         read_step_columns(tmp_path / "steps.csv", ("step", "nope"))
     drawn = save_run_plots(tmp_path)
-    assert sorted(p.name for p in drawn) == sorted(PLOTS)
-    assert all(p.stat().st_size > 0 for p in drawn)
+    assert drawn == [tmp_path / p for p in PLOTS]
+    assert_plots_show_the_run(tmp_path, figures)  # drawn from the file alone
 
 
 @pytest.mark.parametrize("parallel_steps", [10**9, 1], ids=["one process", "forked workers"])
