@@ -9,8 +9,8 @@ must change nothing a run counts or produces. Each case is one `python run.py` o
 model, `observers=[console]`, in a worktree of `--base` and in this tree, with this tree's
 interpreter; the cases cover what a refactor of the step tends to break: a static batch, a
 preempting pool, the prefix cache with chunked prefill and a deferred window, priority
-displacement, chunked prefill with recomputation under a deferred window, SJF with the
-adaptive window and worst-case reservations, a simulated disaggregated cluster (hand-offs and
+displacement, chunked prefill with recomputation under a deferred window, SJF with a
+deferred window and worst-case reservations, a simulated disaggregated cluster (hand-offs and
 their releases), a Mooncake trace slice on the prefix cache, alone and on a three-replica
 cluster behind the prefix-aware router, and the server's tokens for a fixed set of requests.
 Times are not compared (they are this machine's). Writes `same_behaviour.md`; exits 1 when
@@ -93,12 +93,13 @@ CASES: dict[str, list[str]] = {
         "scheduler=lpm",
         "engine.block_size=16",
     ],
-    "sjf_adaptive_worst_case": [
+    "sjf_deferred_worst_case": [  # deferred, not adaptive: the adaptive window reads times
         "workload=chat",
         "workload.limit=10",
         "scheduler=sjf",
         "allocator=worst_case",
-        "output=adaptive",
+        "output=deferred",
+        "window=3",
         "engine.num_blocks=40",
         "engine.block_size=8",
     ],

@@ -366,15 +366,15 @@ class Planner:
         prefill, in running order, what the scheduler's `chunk` gives it from the rest of
         the budget. Returns the chunks that are not whole, and the rows' total."""
         # `s.step_tokens > 1`, inlined: a row not yet sampling with more than one pending.
-        partial = [
+        prefilling = [
             s for s in self.running if s.num_computed < s.prefill_end - 1 and s.step_tokens > 1
         ]
         tokens = len(self.running)
         partial: dict[Sequence, int] = {}
-        if not partial:
+        if not prefilling:
             return partial, tokens
         view = self.view()
-        for seq in partial:
+        for seq in prefilling:
             # One token of each row is already counted; the row may take the rest left.
             n = self._chunk(view, seq, self.limits.max_num_batched_tokens - tokens + 1)
             tokens += n - 1
