@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench import ab, same_behaviour
+from experiments.bench import ab, same_behaviour, same_speed
 from experiments.policy import window_sweep
 from framework.engine.request import RequestSpec, SamplingParams
 
@@ -191,3 +191,24 @@ def test_same_behaviour_names_the_first_difference() -> None:
     other = {"counts": run["counts"], "tokens": {"r0": [1, 2], "r1": [4]}}
     assert same(run, other) == "r1's tokens differ"
     assert same(run, {"failed": "exit 2: boom"}) == "this tree's run failed: exit 2: boom"
+
+
+def test_same_speed_alternates_processes_over_the_same_counts(tmp_path: Path) -> None:
+    """Each round runs the base and this tree in turn, the order alternating, and a case's
+    ratio comes from one round's pair; both trees count alike (HEAD: the same code)."""
+    if not (same_speed.TRACES / "azure_llm_2023_conv.csv").is_file():
+        pytest.skip("the Azure traces live in ../shared, absent here")
+    found = same_speed.main(
+        ["--base", "HEAD", "--cases", "sim_conv", "--rounds", "2", "--out", str(tmp_path),
+         "model=tiny", "workload.limit=20"]
+    )  # fmt: skip
+    (s,) = found
+    assert s["case"] == "sim_conv" and s["rate"] == "steps_per_s" and s["same_counts"]
+    assert 0 < s["low"] <= s["median"] <= s["high"]
+    with (tmp_path / "same_speed.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["round"], r["side"]) for r in rows] == [
+        ("0", "base"), ("0", "here"), ("1", "here"), ("1", "base")
+    ]  # fmt: skip
+    assert {r["steps"] for r in rows} == {rows[0]["steps"]} != {"0"}
+    assert "| sim_conv | steps_per_s |" in (tmp_path / "same_speed.md").read_text()
