@@ -29,8 +29,9 @@ class Lookups:
         self.pool = pool
         self.p = policies
         self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own
-        # Each looked-up request's cached blocks while the pool's version stays as it was.
-        self._found: dict[Sequence, list[int]] = {}
+        # Each looked-up request's cached blocks while the pool's version stays as it was,
+        # with the request's length then (a running row's grows as its tokens come home).
+        self._found: dict[Sequence, tuple[int, list[int]]] = {}
         self._version = -1
         self._recorded: list[Sequence] = []  # waiting requests whose cached prefix is set
 
@@ -41,9 +42,9 @@ class Lookups:
             self._found.clear()
             self._version = self.pool.version
         found = self._found.get(seq)
-        if found is None:
-            found = self._found[seq] = self.pool.cached_blocks(seq)
-        return found
+        if found is None or found[0] != seq.num_tokens:
+            found = self._found[seq] = (seq.num_tokens, self.pool.cached_blocks(seq))
+        return found[1]
 
     def cached_tokens(self, seq: Sequence) -> int:
         """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now. A waiting

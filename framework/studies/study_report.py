@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def write_report(name: str, runs: list[RunRecord], params: dict[str, Any], out: 
     return md
 
 
-class SweepStudy(Callback):
+class SweepStudy(Callback, ABC):
     """A study of a sweep's jobs, written when the sweep is done (`hydra.callbacks.study`):
     `write` makes `NAME.md`, `NAME.csv` and `NAME.png` in the sweep folder. Extra fields of
     the callback's config are the study's parameters (an SLO, say)."""
@@ -103,9 +104,9 @@ class SweepStudy(Callback):
         self.name = name
         self.params = params
 
+    @abstractmethod
     def write(self, sweep_dir: Path, params: dict[str, Any]) -> Path:
         """The study's files in `sweep_dir`; the Markdown file's path."""
-        raise NotImplementedError
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Hydra reports a callback's exception as a mere warning; a refusal must fail the
