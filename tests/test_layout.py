@@ -178,11 +178,11 @@ def test_the_engine_never_branches_on_a_missing_cache() -> None:
 MUTATORS = {"append", "appendleft", "extend", "insert", "pop", "popleft", "remove", "clear"}
 MUTATORS |= {"update", "setdefault", "add", "discard", "sort", "reverse"}
 # What the engine's answers to a view may write, each a memo of a lookup, not a change to
-# what runs: the per-pool-version lookups (`Lookups._found`, `_version`), the waiting requests
-# a lookup was recorded on (`_recorded`), a request's kept block hashes (`block_hashes`), and
-# the one record the policy contract names: a waiting request's cached prefix, which its
-# `step_tokens` leaves out (`cached_prefix`).
-MEMOS = {"_found", "_version", "_recorded", "block_hashes", "cached_prefix"}
+# what runs: a prefix cache's lookups while it stands (`_looked`, `_looked_at`), the waiting
+# requests a lookup was recorded on (`_recorded`), a request's kept block hashes
+# (`block_hashes`), and the one record the policy contract names: a waiting request's cached
+# prefix, which its `step_tokens` leaves out (`cached_prefix`).
+MEMOS = {"_looked", "_looked_at", "_recorded", "block_hashes", "cached_prefix"}
 
 
 def methods(path: str, cls: str) -> dict[str, ast.FunctionDef]:

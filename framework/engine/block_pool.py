@@ -27,9 +27,6 @@ class BlockPoolError(RuntimeError):
 class BlockPool:
     evictions = 0  # cached blocks whose prefix was dropped for a fresh allocation
     caches_prefixes = False  # a lookup finds nothing here: no block is ever cached
-    # Counts the changes that can change a lookup's answer (a prefix cache's): a lookup made
-    # at one version holds while the version stays (`Lookups`). Nothing is cached here.
-    version = 0
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1:

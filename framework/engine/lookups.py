@@ -2,9 +2,9 @@
 the scheduler gives it, the allocator's price and veto.
 
 A view holds this object and nothing else of the engine: none of its methods moves a block,
-a request or a token. Each lookup is made once per request while the pool stays as it is
-(the pool's `version`), over the request's kept block hashes, so a request that a scheduler,
-the admission check and the price all ask about is walked once.
+a request or a token. A prefix cache makes each lookup once per request while it stays as it
+is, over the request's kept block hashes (`PrefixCachingPool.cached_blocks`), so a request
+that a scheduler, the admission check and the price all ask about is walked once.
 
 The one record a lookup leaves is the one the policy contract promises: a waiting request's
 cached prefix (`Sequence.cached_prefix`), which its `step_tokens` then leaves out, so that the
@@ -29,28 +29,13 @@ class Lookups:
         self.pool = pool
         self.p = policies
         self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own
-        # Each looked-up request's cached blocks while the pool's version stays as it was,
-        # with the request's length then (a running row's grows as its tokens come home).
-        self._found: dict[Sequence, tuple[int, list[int]]] = {}
-        self._version = -1
         self._recorded: list[Sequence] = []  # waiting requests whose cached prefix is set
-
-    def blocks(self, seq: Sequence) -> list[int]:
-        """The cached blocks `seq`'s leading full blocks are in now (none without a prefix
-        cache): looked up once while the pool stays as it is."""
-        if self._version != self.pool.version:
-            self._found.clear()
-            self._version = self.pool.version
-        found = self._found.get(seq)
-        if found is None or found[0] != seq.num_tokens:
-            found = self._found[seq] = (seq.num_tokens, self.pool.cached_blocks(seq))
-        return found[1]
 
     def cached_tokens(self, seq: Sequence) -> int:
         """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now. A waiting
         request's forward would skip them: recorded as its cached prefix until the next
         choice of admissions."""
-        n = len(self.blocks(seq)) * self.pool.block_size
+        n = len(self.pool.cached_blocks(seq)) * self.pool.block_size
         if seq.status is Status.WAITING and seq.cached_prefix != n:
             seq.cached_prefix = n
             self._recorded.append(seq)
@@ -79,4 +64,4 @@ class Lookups:
         price less the cached blocks it shares that another table holds already (those
         cost nothing; an evictable cached block costs one, like a fresh one)."""
         n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
-        return n - self.pool.in_use(self.blocks(seq))
+        return n - self.pool.in_use(self.pool.cached_blocks(seq))

@@ -393,7 +393,7 @@ class Planner:
         # Each takes exactly the cached blocks it was charged for (a block published since
         # would change the chunk the scheduler chose).
         bs = self.pool.block_size
-        hits = [self.lookups.blocks(seq)[: seq.cached_prefix // bs] for seq in admit]
+        hits = [self.pool.cached_blocks(seq)[: seq.cached_prefix // bs] for seq in admit]
         for seq, held in zip(admit, hits, strict=True):
             if len(held) * bs != seq.cached_prefix:
                 raise RuntimeError(

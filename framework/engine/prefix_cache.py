@@ -19,27 +19,18 @@ can be handed out.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from framework.engine.block_hash import block_hash
 from framework.engine.block_pool import BlockPool, BlockPoolError
 
 if TYPE_CHECKING:
     from framework.engine.counters import Counters
     from framework.engine.sequence import Sequence
-
-
-def block_hash(parent: bytes, tokens: Seq[int], salt: bytes) -> bytes:
-    """The chained hash of one full block: its parent's hash, its token ids, the salt."""
-    h = hashlib.blake2b(parent, digest_size=16)
-    h.update(salt)
-    h.update(array("q", tokens).tobytes())
-    return h.digest()
 
 
 @dataclass(frozen=True)
@@ -74,7 +65,11 @@ class PrefixCachingPool(BlockPool):
     ) -> None:
         super().__init__(num_blocks, block_size)
         self.caches_prefixes = True
-        self.version = 0  # allocations, frees, shares and publications so far
+        # Each looked-up request's cached blocks, with its length then, while nothing has
+        # been allocated, freed, shared or published since (`version` counts those).
+        self.version = 0
+        self._looked: dict[Sequence, tuple[int, list[int]]] = {}
+        self._looked_at = -1
         self.salt = salt.encode()
         self.choose = choose
         self._depth = [0] * num_blocks
@@ -139,8 +134,15 @@ class PrefixCachingPool(BlockPool):
         block_size: the last token is always computed, so the row samples from its own
         forward and never writes into a shared block. The block hashes are the request's
         own, each computed once (`hashes`); a hit's tokens are still compared."""
+        if self._looked_at != self.version:
+            self._looked.clear()
+            self._looked_at = self.version
+        length = seq.num_tokens
+        found = self._looked.get(seq)
+        if found is not None and found[0] == length:
+            return found[1]
         bs = self.block_size
-        n = (seq.num_tokens - 1) // bs
+        n = (length - 1) // bs
         if n <= 0:
             return []
         hashes = seq.block_hashes if len(seq.block_hashes) >= n else self.hashes(seq, n)
@@ -151,6 +153,7 @@ class PrefixCachingPool(BlockPool):
             if b is None or held[b] != tuple(seq.tokens_between(i * bs, (i + 1) * bs)):
                 break
             hits.append(b)
+        self._looked[seq] = (length, hits)
         return hits
 
     def hashes(self, seq: Sequence, n: int) -> list[bytes]:
