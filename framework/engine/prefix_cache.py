@@ -65,8 +65,7 @@ class PrefixCachingPool(BlockPool):
     ) -> None:
         super().__init__(num_blocks, block_size)
         self.caches_prefixes = True
-        # Each looked-up request's cached blocks, with its length then, while nothing has
-        # been allocated, freed, shared or published since (`version` counts those).
+        # Lookups (request -> its length, its cached blocks) while `version` stands.
         self.version = 0
         self._looked: dict[Sequence, tuple[int, list[int]]] = {}
         self._looked_at = -1
@@ -147,10 +146,12 @@ class PrefixCachingPool(BlockPool):
             return []
         hashes = seq.block_hashes if len(seq.block_hashes) >= n else self.hashes(seq, n)
         by_hash, held = self._by_hash, self._tokens
+        # A request with no output yet is its prompt: sliced in place (most lookups).
+        tokens = seq.spec.prompt_token_ids if not seq.output_token_ids else seq.tokens_from(0)
         hits: list[int] = []
         for i in range(n):
             b = by_hash.get(hashes[i])
-            if b is None or held[b] != tuple(seq.tokens_between(i * bs, (i + 1) * bs)):
+            if b is None or held[b] != tuple(tokens[i * bs : (i + 1) * bs]):
                 break
             hits.append(b)
         self._looked[seq] = (length, hits)
