@@ -159,7 +159,15 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
         assert command in text
     assert "_schema" not in text  # config-store entries are not choices
     groups = choice_groups(text)
-    assert set(groups["scheduler"]) == {"chunked", "continuous", "lpm", "priority", "sjf", "static"}
+    assert set(groups["scheduler"]) == {
+        "chunked",
+        "continuous",
+        "lpm",
+        "prefill_first",
+        "priority",
+        "sjf",
+        "static",
+    }
     assert set(groups["allocator"]) == {"incremental", "prefix_cache", "worst_case"}
     assert set(groups["preemption"]) == {"priority", "recompute"}
     assert set(groups["output"]) == {"adaptive", "deferred", "immediate"}

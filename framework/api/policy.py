@@ -245,6 +245,14 @@ class Scheduler(ABC):
         from where it stopped, over the K/V already in its blocks."""
         return seq.step_tokens
 
+    def pause(self, view: EngineView, admitted: list[Sequence]) -> list[Sequence]:
+        """Running rows that sit this step out, given the requests it admits (`admitted`,
+        already among `view.running`): they compute and sample nothing, and keep their
+        blocks. vLLM's first scheduler runs prefills in iterations of their own, so every
+        decode row waits while a prefill runs. The step must keep at least one row; a paused
+        row's held tokens come home first. Default: none (every running row computes)."""
+        return []
+
     def displace(self, view: EngineView) -> list[Sequence]:
         """Unfinished running rows to preempt now so that a waiting request can be admitted
         (priority scheduling). Called after `evict` and growth, before `admit`; the engine
@@ -262,6 +270,9 @@ class Allocator(ABC):
     # `blocks_to_admit` less the hits on blocks another table holds, and starts the row's
     # forward after its cached blocks (`allocator=prefix_cache`).
     caches_prefixes: bool = False
+    # The model's context in tokens (`model.max_model_len`, or the model's own), told by the
+    # engine before its first step: what a reservation of the longest possible request books.
+    max_model_len: int | None = None
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
         """May `seq` be admitted now, with `free_blocks` free after this step's earlier

@@ -14,8 +14,8 @@ import numpy as np
 from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.held import HeldStep
 from framework.engine.invariants import InvariantError
-from framework.engine.planner import StepPlan
 from framework.engine.sequence import Sequence
+from framework.engine.step_plan import StepPlan
 
 
 def slots(table: list[int], start: int, end: int, bs: int) -> list[int]:

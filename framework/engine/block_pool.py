@@ -25,6 +25,7 @@ class BlockPoolError(RuntimeError):
 
 
 class BlockPool:
+    layout = "paged"  # any free block serves any request (`ContiguousPool`: extents)
     evictions = 0  # cached blocks whose prefix was dropped for a fresh allocation
     caches_prefixes = False  # a lookup finds nothing here: no block is ever cached
 
@@ -38,6 +39,7 @@ class BlockPool:
         self._free: deque[int] = deque(range(num_blocks))
         self._owner: list[str | None] = [None] * num_blocks
         self.peak_used = 0
+        self.max_extent = num_blocks  # the most blocks one request could ever be given
 
     @property
     def num_free(self) -> int:
@@ -74,6 +76,24 @@ class BlockPool:
                 raise BlockPoolError(f"{owner} freed block {b}, owned by {owners[b]}")
             owners[b] = None
         self._free.extend(blocks)
+
+    # ---- placing a step's admissions: any free blocks will do ----------------------------
+    def forget_trials(self) -> None:
+        """A new choice of admissions begins (a layout of extents places them on trial)."""
+
+    def would_place(self, n: int, free_blocks: int) -> bool:
+        """Whether `n` more blocks can be given with `free_blocks` left after this step's
+        earlier admissions: here, whenever there are that many."""
+        return n <= free_blocks
+
+    def can_place(self, sizes: Seq[int]) -> bool:
+        """Whether admissions of these sizes, in order, can all be given their blocks now."""
+        return sum(sizes) <= self.num_free
+
+    def external_free(self) -> int:
+        """Free blocks no request could be given (external fragmentation): none when any
+        free block serves any request."""
+        return 0
 
     # ---- the prefix cache's interface: a pool that caches nothing ------------------------
     def cached_blocks(self, seq: Sequence) -> list[int]:

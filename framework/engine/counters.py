@@ -98,3 +98,15 @@ class Counters:
     # (`aborted`), or the server found one of their stop strings in their text.
     aborted: int = 0
     stop_strings: int = 0
+    # KV memory over time (the vLLM paper's Fig. 2), in pool slots x seconds, each step's
+    # state weighted by its duration: the whole pool; the slots holding token states; those
+    # reserved for tokens not yet generated; internal fragmentation (reserved past the
+    # longest the request can get, prompt + max_tokens: never used); external fragmentation
+    # (free, but outside the largest extent that could be placed: `engine.kv_layout`). The
+    # rest is free. `kv_overhang_slots` is the live count behind the internal share.
+    kv_pool_slot_s: float = 0.0
+    kv_state_slot_s: float = 0.0
+    kv_reserved_slot_s: float = 0.0
+    kv_internal_slot_s: float = 0.0
+    kv_external_slot_s: float = 0.0
+    kv_overhang_slots: int = 0

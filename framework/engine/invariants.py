@@ -117,6 +117,11 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
             f"token conservation broken at the end: deferred {counters.deferred_tokens} != kept "
             f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens}"
         )
+    if counters.kv_overhang_slots:
+        raise InvariantError(
+            f"{counters.kv_overhang_slots} slots reserved past requests' lengths are still "
+            "counted after every request left"
+        )
     pool.check()
     if pool.num_used:
         raise InvariantError(f"{pool.num_used} KV blocks leaked: {pool.owners()}")

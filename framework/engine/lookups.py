@@ -47,6 +47,7 @@ class Lookups:
             if seq.status is Status.WAITING:
                 seq.cached_prefix = 0
         self._recorded.clear()
+        self.pool.forget_trials()
 
     def chunk(self, view: EngineView, seq: Sequence, budget: int) -> int:
         """`view.chunk`: under a prefix cache, what `seq` finds cached is left out first."""
@@ -56,8 +57,12 @@ class Lookups:
         return self.p.scheduler.chunk(view, seq, budget)
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
-        """`view.admits`: the allocator's veto."""
-        return self.p.allocator.admits(view, seq, free_blocks)
+        """`view.admits`: whether the pool can place `seq`'s blocks after this step's earlier
+        admissions (under contiguous extents, free blocks must stand together), and the
+        allocator's veto."""
+        return self.pool.would_place(self.price(seq), free_blocks) and self.p.allocator.admits(
+            view, seq, free_blocks
+        )
 
     def price(self, seq: Sequence) -> int:
         """`view.blocks_to_admit`: the free blocks admitting `seq` takes, the allocator's

@@ -35,14 +35,17 @@ from framework.engine.executor import ExecResult, Executor
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import check_end, check_step
+from framework.engine.kv_usage import account_kv
 from framework.engine.phases import PhaseTimer
-from framework.engine.planner import Planner, StepPlan
+from framework.engine.planner import Planner
 from framework.engine.readback import Readback
+from framework.engine.rejection import why_never
 from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.settings import Limits, Policies
 from framework.engine.step_log import StepLog
+from framework.engine.step_plan import StepPlan
 
 if TYPE_CHECKING:
     from collections import deque
@@ -99,6 +102,8 @@ class Engine:
         self.executor = executor
         self.pool = pool
         self.p = policies
+        # The model's context, which a reservation rule may book whole (Orca's `max`).
+        policies.allocator.max_model_len = limits.max_model_len
         for group in ("scheduler", "allocator", "preemption", "output"):
             name = policies.names.get(group, "?")
             guarded = Guarded(getattr(policies, group), group, name, policies.providers.get(group))
@@ -178,6 +183,7 @@ class Engine:
         self.output.readback_s = getattr(self.executor, "readback_s", None)
         # A scheduler that keeps a default is not asked for it: a view a step fewer.
         self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
+        self.planner.pauses = overrides(self.p.scheduler, Scheduler, "pause")
         self.planner.lookups.cuts_prefills = self.cuts_prefills
 
     def submit(self, spec: RequestSpec, eos_token_id: int | None) -> Sequence:
@@ -191,7 +197,7 @@ class Engine:
         return seq
 
     def _enqueue(self, seq: Sequence) -> None:
-        reason = self._why_never(seq)
+        reason = why_never(seq, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
         if reason:
             seq.status, seq.reject_reason = Status.REJECTED, reason
         else:
@@ -241,27 +247,6 @@ class Engine:
             executor=describe(self.executor),
         )
 
-    def _why_never(self, seq: Sequence) -> str | None:
-        """A request that no schedule can ever serve is rejected up front, with the reason."""
-        if seq.max_len > self.limits.max_model_len:
-            return (
-                f"prompt + max_tokens = {seq.max_len} exceeds the model's context "
-                f"({self.limits.max_model_len})"
-            )
-        need = self.pool.blocks_for(seq.max_len)
-        if need > self.pool.num_blocks:
-            return (
-                f"prompt + max_tokens = {seq.max_len} needs {need} blocks; the pool has "
-                f"{self.pool.num_blocks} (engine.num_blocks)"
-            )
-        if seq.max_len > self.limits.max_num_batched_tokens and not self.cuts_prefills:
-            return (
-                f"prompt + max_tokens = {seq.max_len} exceeds engine.max_num_batched_tokens "
-                f"= {self.limits.max_num_batched_tokens} (a preempted request is prefilled "
-                f"again whole)"
-            )
-        return None
-
     # ---- ends from outside, and a cluster's hand-offs ---------------------------------
     def abort(self, seq: Sequence, reason: str = ABORTED) -> None:
         """End `seq` before its stop or length (`Aborts.abort`); between steps only."""
@@ -281,6 +266,7 @@ class Engine:
         )
         if copy is not None:
             self.seqs.append(copy)
+            self.counters.kv_overhang_slots += self.planner.overhang(copy)
         return copy
 
     def accept(self, copy: Sequence, at: float) -> None:
@@ -305,10 +291,14 @@ class Engine:
         batch = self.builder.build(plan, self.output.newest)
         self.timer.lap("build")
         result, ready_at = self._execute(batch)
-        wasted = self.update_from_output(plan, batch, result, ready_at)
+        wasted, states = self.update_from_output(plan, batch, result, ready_at)
         kept, finished = self.output.take()
         self._notify(finished)
         stats = self._stats(batch, plan, kept, wasted, transfers)
+        if self.planner.pauses:  # rows sat out: every running row's states, not the forward's
+            states = sum(s.num_computed for s in self.planner.running)
+        last = self.steps[-1].time if self.steps else 0.0
+        account_kv(self.counters, self.pool, states, stats.time - last)
         if self.check_invariants:
             self._check(batch, stats.window)
         self.hooks.on_step_end(stats=stats)
@@ -348,22 +338,24 @@ class Engine:
 
     def update_from_output(
         self, plan: StepPlan, batch: StepBatch, result: ExecResult, ready_at: float
-    ) -> int:
+    ) -> tuple[int, int]:
         """Every change the forward makes, in one place: each planned row's computed
         positions advance and its written blocks are published; its sampled token is held
         on the device; the output policy keeps the newest held steps there and the rest come
         home and reach their requests (stops, finishes and hand-offs: `HeldTokens.apply`);
         the rows done here are handed off; the counters. Returns the rows whose token nobody
-        keeps."""
+        keeps, and the token states the rows' blocks hold."""
         rows = plan.rows
-        wasted = 0
+        wasted = states = 0
         unkept: list[bool] = []  # rows whose token nobody keeps
         for seq, row in zip(rows, batch.rows, strict=True):
             if row.discard:
                 wasted += 1
                 unkept.append(True)
+                states += seq.num_computed
             else:
                 seq.num_computed = row.ctx_len  # start_pos + its tokens
+                states += row.ctx_len
                 if row.samples:  # a chunk short of the end samples nothing
                     seq.num_held += 1
                 unkept.append(not row.samples)
@@ -383,7 +375,7 @@ class Engine:
         output.apply(drained)
         self.timer.lap("apply")
         self.planner.hand_off()
-        return wasted
+        return wasted, states
 
     def _stats(
         self, batch: StepBatch, plan: StepPlan, kept: int, wasted: int, transfers: int

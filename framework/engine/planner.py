@@ -18,7 +18,6 @@ A view's questions (a chunk, a prefix lookup, the allocator's veto) are answered
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from framework.api.guard import Guarded
@@ -32,29 +31,8 @@ from framework.engine.lookups import Lookups
 from framework.engine.phases import PhaseTimer
 from framework.engine.replica_handoffs import ReplicaHandOffs
 from framework.engine.sequence import Sequence, Status
+from framework.engine.step_plan import StepPlan
 from framework.engine.view_factory import make_frozen
-
-
-@dataclass
-class StepPlan:
-    """One step's plan: everything the batch build reads, and what planning did.
-
-    `rows` are the forward's rows in order. Each computes `tokens(seq)` tokens: all it has
-    pending (`step_tokens`; a finished row of a static batch, one), or, for a row cut short
-    (chunked prefill), the count in `partial`. `cache_hits` holds each admission's leading
-    tokens found in the prefix cache, which its forward reads and does not compute."""
-
-    rows: list[Sequence] = field(default_factory=list)
-    partial: dict[Sequence, int] = field(default_factory=dict)
-    cache_hits: dict[Sequence, int] = field(default_factory=dict)
-    evicted: int = 0
-    preempted: int = 0
-    admitted: int = 0
-
-    def tokens(self, seq: Sequence) -> int:
-        """The tokens `seq`'s row computes in this step's forward."""
-        n = self.partial.get(seq)
-        return seq.step_tokens if n is None else n
 
 
 class Planner:
@@ -81,6 +59,7 @@ class Planner:
         # as soon as its last reference goes, not at the garbage collector's next pass.
         self.clock = clock
         self.displaces = True  # whether the scheduler has a `displace` of its own
+        self.pauses = True  # whether it has a `pause` of its own
         self.lookups = Lookups(pool, policies)
         self._admit_counter = 0
         # A cluster's prefill/decode disaggregation: the requests handed off or arriving,
@@ -111,8 +90,28 @@ class Planner:
         self.admit(admitted, plan.cache_hits)
         timer.lap("allocate")
         plan.admitted = len(admitted)
-        plan.rows = list(self.running)
+        plan.rows = self.unpaused(admitted, plan.partial) if self.pauses else list(self.running)
         return plan
+
+    def unpaused(self, admitted: list[Sequence], partial: dict[Sequence, int]) -> list[Sequence]:
+        """The running rows less those the scheduler pauses for this step (checked)."""
+        paused = self.p.scheduler.pause(self.view(), admitted)
+        if not paused:
+            return list(self.running)
+        new = set(map(id, admitted))
+        for seq in paused:
+            if seq not in self.running or id(seq) in new:
+                raise self.fail("scheduler", f"paused {seq.id}, not a running row admitted before")
+        out = set(map(id, paused))
+        rows = [s for s in self.running if id(s) not in out]
+        if not rows:
+            raise self.fail("scheduler", f"paused all {len(paused)} running rows of the step")
+        if any(s.num_held for s in paused):  # the paused rows' held tokens come home first
+            self.drain_all()
+            rows = [s for s in self.running if id(s) not in out]
+        for seq in paused:
+            partial.pop(seq, None)
+        return rows
 
     # ---- the queues ------------------------------------------------------------------
     def enqueue(self, seq: Sequence) -> None:
@@ -220,11 +219,18 @@ class Planner:
         preemption, abort, a hand-off's KV sent. Its blocks go back to the pool (a prefix
         cache drops its references), its table is emptied and its status set; `at` stamps
         when it left this replica (a preempted one has not: it waits to come back)."""
+        self.counters.kv_overhang_slots -= self.overhang(seq)
         self.pool.free(seq.id, seq.block_table)
         seq.block_table = []
         seq.status = status
         if at is not None:
             seq.released_at = at
+
+    def overhang(self, seq: Sequence) -> int:
+        """Slots of `seq`'s blocks past the longest it can get (prompt + max_tokens):
+        reserved and never used, the internal fragmentation of its reservation."""
+        over = len(seq.block_table) * self.pool.block_size - seq.max_len
+        return over if over > 0 else 0
 
     def grow(self) -> int:
         """Give running rows the blocks this step writes into; preempt while the pool is dry.
@@ -262,8 +268,11 @@ class Planner:
                     raise self.fail("preemption", f"named {v.id}, not an unfinished running row")
                 self.preempt(v)
                 preempted += 1
+        counters = self.counters
         for seq, n in need:
+            before = self.overhang(seq)
             seq.block_table += self.pool.allocate(seq.id, n)
+            counters.kv_overhang_slots += self.overhang(seq) - before
         # Whether every row got the blocks its next write needs is checked as the batch build
         # maps each written position to its slot (`short_table`).
         return preempted
@@ -317,6 +326,7 @@ class Planner:
         admit = self.p.scheduler.admit(view)
         rows = len(self.running)
         blocks = 0
+        prices: list[int] = []
         chosen: set[int] = set()  # by status, not by a scan: the queue may hold thousands
         for seq in admit:
             if seq.status is not Status.WAITING or id(seq) in chosen:
@@ -330,7 +340,8 @@ class Planner:
             tokens += n
             if not self.p.allocator.admits(view, seq, self.pool.num_free - blocks):
                 raise self.fail("scheduler", f"admitted {seq.id}, which the allocator declines")
-            blocks += lookups.price(seq)
+            prices.append(lookups.price(seq))
+            blocks += prices[-1]
         lim = self.limits
         if rows > lim.max_num_seqs:
             raise self.fail(
@@ -346,6 +357,12 @@ class Planner:
         if blocks > self.pool.num_free:
             raise self.fail(
                 "scheduler", f"admissions need {blocks} blocks, {self.pool.num_free} are free"
+            )
+        if self.pool.layout != "paged" and not self.pool.can_place(prices):
+            raise self.fail(
+                "scheduler",
+                f"admissions need extents of {prices} blocks, which the pool's free space "
+                "(in pieces) cannot place",
             )
         return admit, partial
 
@@ -405,6 +422,7 @@ class Planner:
             self.waiting.remove(seq)
             n = self.p.allocator.blocks_to_admit(seq, bs)
             seq.block_table = held + self.pool.allocate(seq.id, max(0, n - len(held)))
+            self.counters.kv_overhang_slots += self.overhang(seq)
             seq.cached_prefix = 0
             if held:  # its forward starts after the cached blocks, reading them
                 seq.num_computed = cache_hits[seq] = len(held) * bs

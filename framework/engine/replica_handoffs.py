@@ -94,7 +94,7 @@ class ReplicaHandOffs:
                 "allocator", f"priced {copy.id}'s {copy.num_tokens} arriving tokens at {n!r} blocks"
             )
         free = pool.num_free
-        if n > free or not allocator.admits(view(), copy, free):
+        if not pool.can_place([n]) or not allocator.admits(view(), copy, free):
             return None
         copy.block_table = pool.allocate(copy.id, n)
         self.receiving[copy.id] = copy

@@ -18,6 +18,7 @@ from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, VirtualClock, WallClock
+from framework.engine.contiguous_pool import ContiguousPool
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, RunResult
 from framework.engine.prefix_cache import PrefixCachingPool
@@ -31,9 +32,10 @@ from framework.executors.model_loader import (
 )
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.run.cluster_run import ClusterRunner, build_router
-from framework.run.config import check_fits, check_run, check_window
+from framework.run.config import check_run, check_window
 from framework.run.disaggregation import build_handoffs, decode_router, link_setting
 from framework.run.errors import user_input
+from framework.run.fits import check_fits
 from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
 from framework.run.simulation import ModelShape, build_simulated, is_simulated
 from framework.run.summary import summarize
@@ -175,6 +177,8 @@ def build_engine(
         own = overrides(policies.allocator, Allocator, "choose_eviction")
         choose = policies.allocator.choose_eviction if own else None
         pool: BlockPool = PrefixCachingPool(num_blocks, e.block_size, salt, choose)
+    elif e.kv_layout == "contiguous":  # one extent a request, from a buddy allocator
+        pool = ContiguousPool(num_blocks, e.block_size)
     else:
         pool = BlockPool(num_blocks, e.block_size)
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
@@ -255,6 +259,11 @@ def check_before_loading(cfg: DictConfig) -> None:
         decode_router(cfg)  # a decode router that does not exist, by name
     policies = build_policies(cfg)
     chunks = overrides(policies.scheduler, Scheduler, "chunk")
+    if cfg.engine.kv_layout == "contiguous" and cfg.allocator.name != "worst_case":
+        raise ValueError(
+            "engine.kv_layout=contiguous keeps each request's KV in one extent reserved whole "
+            f"at admission: it takes allocator=worst_case; got allocator={cfg.allocator.name}"
+        )
     check_window(cfg)
     resolve_device(cfg.device)
     resolve_dtype(cfg.dtype)

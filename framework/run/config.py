@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,10 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # explicit pool size; None: size it from kv_memory_mb
     kv_memory_mb: float = 256.0
+    # How a request's KV blocks lie in the pool: paged (any free block, as vLLM) or
+    # contiguous (one extent per request from a buddy allocator, reserved whole at admission,
+    # as engines before paging: external fragmentation is real and counted).
+    kv_layout: str = "paged"
     check_invariants: bool = True
     # Kernels whose worth depends on the machine: auto (the default) times both ways on
     # this CPU, model, dtype and thread count at start-up and keeps the faster
@@ -189,6 +192,9 @@ def register_configs() -> None:
     registry().store_configs(cs)
 
 
+KV_LAYOUTS = ("paged", "contiguous")
+
+
 def check_engine(e: Any) -> None:
     """Reject bad engine limits before any model is loaded, naming the field."""
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -202,6 +208,10 @@ def check_engine(e: Any) -> None:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
     for name in ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue"):
         setting(e[name], name)  # auto, true or false
+    if e.kv_layout not in KV_LAYOUTS:
+        raise ValueError(
+            f"engine.kv_layout must be one of {', '.join(KV_LAYOUTS)}; got {e.kv_layout!r}"
+        )
     if e.max_num_batched_tokens < e.max_num_seqs:
         raise ValueError(
             f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) must be >= "
@@ -395,54 +405,4 @@ def check_window(cfg: Any) -> None:
         raise ValueError(
             f"window must be >= 0 (steps of sampled tokens held on the device by "
             f"output=deferred; 0: none), got {cfg.window}"
-        )
-
-
-def check_fits(
-    sizes: Sequence[int],
-    *,
-    num_blocks: int | None,
-    block_size: int,
-    max_model_len: int | None,
-    max_num_batched_tokens: int | None,
-    pool_source: str = "",
-) -> None:
-    """Fail up front when no request of the workload could ever run here.
-
-    `sizes` are the requests' prompt + max_tokens. A request that alone exceeds the
-    model's context, the pool or the token budget is rejected by the engine with its reason
-    while the rest run; when that would be every request, the run is pointless, so it stops
-    here naming each limit in the way and what the largest request needs. A limit not known
-    yet (None: the pool before the model is loaded) is not checked, nor is the token budget
-    where the scheduler chunks prefills (None). `pool_source` says
-    where the pool size came from (`engine.num_blocks=...` or `engine.kv_memory_mb=...`).
-    """
-    if not sizes:
-        return
-    small, large = min(sizes), max(sizes)
-
-    def blocks(n: int) -> int:
-        return -(-n // block_size)
-
-    limits: list[str] = []
-    if num_blocks is not None and blocks(small) > num_blocks:
-        limits.append(
-            f"the KV pool holds {num_blocks} blocks of {block_size} tokens ({pool_source}); "
-            f"the largest request needs {blocks(large)} blocks, the smallest {blocks(small)}: "
-            f"set engine.num_blocks >= {blocks(large)}"
-        )
-    if max_model_len is not None and small > max_model_len:
-        limits.append(
-            f"the model's context is {max_model_len} tokens (model.max_model_len, or the "
-            f"model's max_position_embeddings): lower the prompt lengths or max_tokens"
-        )
-    if max_num_batched_tokens is not None and small > max_num_batched_tokens:
-        limits.append(
-            f"engine.max_num_batched_tokens = {max_num_batched_tokens} (a request, or a "
-            f"preempted one, is prefilled whole): set it >= {large}"
-        )
-    if limits:
-        raise ValueError(
-            f"no request of this workload can ever run here: prompt + max_tokens is {small} "
-            f"tokens for the smallest and {large} for the largest, and " + "; and ".join(limits)
         )

@@ -1,0 +1,30 @@
+"""One step's plan, the seam between planning and the forward: the rows to run and how much
+of each, which is all the batch build reads (`Planner.plan` makes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from framework.engine.sequence import Sequence
+
+
+@dataclass
+class StepPlan:
+    """One step's plan: everything the batch build reads, and what planning did.
+
+    `rows` are the forward's rows in order. Each computes `tokens(seq)` tokens: all it has
+    pending (`step_tokens`; a finished row of a static batch, one), or, for a row cut short
+    (chunked prefill), the count in `partial`. `cache_hits` holds each admission's leading
+    tokens found in the prefix cache, which its forward reads and does not compute."""
+
+    rows: list[Sequence] = field(default_factory=list)
+    partial: dict[Sequence, int] = field(default_factory=dict)
+    cache_hits: dict[Sequence, int] = field(default_factory=dict)
+    evicted: int = 0
+    preempted: int = 0
+    admitted: int = 0
+
+    def tokens(self, seq: Sequence) -> int:
+        """The tokens `seq`'s row computes in this step's forward."""
+        n = self.partial.get(seq)
+        return seq.step_tokens if n is None else n
