@@ -20,7 +20,8 @@ from framework.executors.simulated.gpu.model_shape import ModelShape
 from framework.executors.simulated.load import load_cost_model
 
 LLAMA_8B = MODELS_DIR / "llama-8b"
-SHIPPED_HW = ("a100-80gb", "h100-sxm", "h200")
+SHIPPED_HW = ("a100-40gb", "a100-80gb", "a100-80gb-pcie", "h100-sxm", "h200")
+PROFILED_HW = ("a100-80gb", "h100-sxm", "h200")  # with an 8B profile shipped for each
 
 # A made-up model and machine, small enough to do by hand.
 TOY_CONFIG = {
@@ -187,7 +188,7 @@ def test_8b_h100_large_prefill_is_compute_bound() -> None:
     assert e.ops["attention_prefill"] == pytest.approx(attention / (989.5e12 * 0.55), rel=0.01)
 
 
-@pytest.mark.parametrize("hw", SHIPPED_HW)
+@pytest.mark.parametrize("hw", PROFILED_HW)
 def test_shipped_profile_loads_and_matches_its_sources(hw: str) -> None:
     path = PROFILES_DIR / f"llama-8b-bfloat16-{hw}.analytic.yaml"
     model = load_cost_model(path)
@@ -204,7 +205,7 @@ def test_shipped_profile_loads_and_matches_its_sources(hw: str) -> None:
     assert model.to_dict()["model_config"] == fresh.to_dict()["model_config"]
 
 
-@pytest.mark.parametrize("hw", SHIPPED_HW)
+@pytest.mark.parametrize("hw", PROFILED_HW)
 def test_round_trip(hw: str, tmp_path: Path) -> None:
     model = load_cost_model(PROFILES_DIR / f"llama-8b-bfloat16-{hw}.analytic.yaml")
     again = AnalyticProfile.from_dict(model.to_dict(), source="x")
@@ -255,8 +256,10 @@ def test_refusals() -> None:
         )
     with pytest.raises(ProfileError, match="tensor_parallel must be one of"):
         AnalyticProfile.build(TOY_HW, TOY_CONFIG, "bfloat16", tensor_parallel=3)
-    with pytest.raises(ProfileError, match="interconnect=dgx: toy has all-reduce fits for none"):
+    with pytest.raises(ProfileError, match="unset, and toy names no default_interconnect"):
         AnalyticProfile.build(TOY_HW, TOY_CONFIG, "bfloat16", tensor_parallel=2)
+    with pytest.raises(ProfileError, match="interconnect=dgx: toy has all-reduce fits for none"):
+        AnalyticProfile.build(TOY_HW, TOY_CONFIG, "bfloat16", tensor_parallel=2, interconnect="dgx")
     data = toy().to_dict()
     data["meta"]["model_id"] = "LlamaForCausalLM-L30-H576-A9-KV3-V49152"
     with pytest.raises(ProfileError, match=r"meta\.model_id"):

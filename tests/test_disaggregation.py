@@ -427,7 +427,8 @@ def test_a_disaggregated_run_from_the_command_line(
         ),
         (
             ["cluster.replicas=2", "cluster.roles=[prefill,decode]", "cluster.link=wifi"],
-            "cluster.link must be one of nvlink, infiniband, pcie, ethernet; got 'wifi'",
+            "cluster.link must be one of nvlink, nvlink3, nvlink_bridge, infiniband, pcie, "
+            "ethernet; got 'wifi'",
         ),
         (
             ["cluster.replicas=2", "cluster.roles=[prefill,decode]", "cluster.link_gbps=0"],

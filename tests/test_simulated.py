@@ -577,11 +577,19 @@ def test_measured_host_time_adds_the_real_executors_preparation(
         (("executor=model", "executor.overlap=true"), "executor.overlap applies to executor=sim"),
         (("executor.tensor_parallel=3",), "executor.tensor_parallel must be 1, 2, 4 or 8; got 3"),
         (("executor=model", "executor.tensor_parallel=2"), "executor.tensor_parallel applies to"),
-        (("executor.hardware=tpu9",), "hardware spec tpu9: not shipped (shipped: a100-80gb, h1"),
+        (("executor.hardware=tpu9",), "hardware spec tpu9: not shipped (shipped: a100-40gb, a1"),
         (("executor.tensor_parallel=8",), "tensor_parallel=8 must divide the model's 4 attention"),
         (
-            ("executor.tensor_parallel=2", "executor.hardware=a100-80gb"),
-            "executor.interconnect=dgx: a100-80gb has all-reduce fits for none",
+            ("executor.tensor_parallel=4", "executor.hardware=a100-80gb-pcie"),
+            "executor.tensor_parallel=4: a100-80gb-pcie over nvlink_pair accepts 1, 2",
+        ),
+        (
+            (
+                "executor.tensor_parallel=2",
+                "executor.hardware=a100-80gb-pcie",
+                "executor.interconnect=dgx",
+            ),
+            "executor.interconnect=dgx: a100-80gb-pcie has all-reduce fits for nvlink_pair",
         ),
     ],
 )

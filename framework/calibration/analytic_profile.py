@@ -97,7 +97,11 @@ def git_commit() -> str | None:
 
 
 def make_profile(
-    hardware: str, model: str, dtype: str, tensor_parallel: int = 1, interconnect: str = "dgx"
+    hardware: str,
+    model: str,
+    dtype: str,
+    tensor_parallel: int = 1,
+    interconnect: str | None = None,
 ) -> AnalyticProfile:
     """The profile, its meta filled in from the loaded config and this checkout."""
     from transformers import AutoConfig
@@ -120,7 +124,8 @@ def make_profile(
         "made_by": f"python -m experiments.analytic_profile --hardware {hardware} "
         f"--model {model} --dtype {dtype}"
         + (
-            f" --tensor-parallel {tensor_parallel} --interconnect {interconnect}"
+            f" --tensor-parallel {tensor_parallel}"
+            + (f" --interconnect {interconnect}" if interconnect else "")
             if tensor_parallel > 1
             else ""
         ),
@@ -154,7 +159,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", required=True, help="a folder with a config.json (or a hub id)")
     ap.add_argument("--dtype", default="bfloat16", help="float32, tfloat32, bfloat16, float16")
     ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs a replica spans")
-    ap.add_argument("--interconnect", default="dgx", help="dgx or nvlink_pair (TP > 1)")
+    ap.add_argument(
+        "--interconnect", default=None, help="dgx or nvlink_pair (TP > 1; unset: the spec's own)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="the profile file to write")
     ap.add_argument(
         "--against",

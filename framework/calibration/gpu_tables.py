@@ -5,7 +5,11 @@ An operator table has one row per (token count, tensor-parallel degree) of one m
 `time_stats.<op>.median` in milliseconds for the operators of one layer, then `n_head`,
 `n_kv_head`, `n_embd`, `n_expanded_embd`, `vocab_size`, `use_gated_mlp`, `num_tokens` and
 `num_tensor_parallel_workers`. A collective table has `time_stats.all_reduce.median`,
-`num_workers`, `size` (fp16 elements) and `collective`.
+`num_workers`, `size` and `collective`. Its `size` is in bytes: Vidur's profiler writes
+`size * 2  # bytes` of an fp16 buffer of `size` elements, and its predictor reads the column
+back as bytes. Where the table has `devices_per_node`, only the rows measured within one node
+(`devices_per_node == num_workers`) are read, as Vidur's own predictor does: its other rows
+span nodes (a DGX table's 2 workers on 2 nodes, 1 a node) and time the network between them.
 """
 
 from __future__ import annotations
@@ -165,7 +169,14 @@ def read_collective_table(path: str | Path) -> CollectiveTable:
     seconds = _column(rows, "time_stats.all_reduce.median", p) * 1e-3
     if np.any(workers < 2) or np.any(size <= 0) or np.any(seconds <= 0):
         raise TableError(f"{p}: num_workers must be >= 2, size and times > 0")
-    return CollectiveTable(p, workers.astype(int), size * TABLE_DTYPE_BYTES, seconds)
+    keep = np.ones(len(rows), dtype=bool)
+    if "devices_per_node" in header:
+        keep = _column(rows, "devices_per_node", p) == workers
+        if not keep.any():
+            raise TableError(
+                f"{p}: no row measured within one node (devices_per_node == num_workers)"
+            )
+    return CollectiveTable(p, workers[keep].astype(int), size[keep], seconds[keep])
 
 
 def predict_collective(table: CollectiveTable, fit: AllReduceFit) -> np.ndarray:

@@ -187,11 +187,26 @@ def load_model_config(
             f"model.path={folder} is not a causal LM (architectures: {config.architectures})"
         )
     try:
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            # Some tokenizer classes (OPT's GPT-2 one) load from no files at all, as an empty
+            # vocabulary that turns every prompt into no tokens.
+            raise OSError(f"{folder}: no tokenizer files")
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         log.info("%s has no tokenizer; the simulator uses SmolLM2's for the prompts", folder)
         tokenizer = AutoTokenizer.from_pretrained(prepare_smollm2(cache_dir))
     return config, tokenizer
+
+
+# A folder's tokenizer, in any of the forms transformers reads one from.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:

@@ -111,7 +111,8 @@ def build_policies(cfg: DictConfig) -> Policies:
 def model_dims(model: Any) -> tuple[int, int, int]:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return c.num_hidden_layers, c.num_key_value_heads, head_dim
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads  # OPT: MHA
+    return c.num_hidden_layers, kv_heads, head_dim
 
 
 def on_ray(cfg: DictConfig) -> bool:
@@ -216,24 +217,32 @@ def build_engine(
 
 
 def build_runner(
-    cfg: DictConfig, model: Any, device: torch.device, dtype: torch.dtype, hooks: Any
+    cfg: DictConfig,
+    model: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    hooks: Any,
+    say: bool = True,
 ) -> Engine | ClusterRunner | RayRunner:
     """One engine, or `cluster.replicas` of them behind the configured router: in this
-    process, or as Ray actors (`cluster.backend=ray`)."""
+    process, or as Ray actors (`cluster.backend=ray`). `say`: whether a simulated run says
+    which profile it uses (once, by its first replica); a study's many runs keep quiet."""
     replicas = int(cfg.cluster.replicas)
     if cfg.cluster.backend == "ray":
         from framework.run.ray_replicas import RayRunner
 
         return RayRunner(cfg, replicas, build_router(cfg), (load, build_engine))
     if replicas == 1:
-        return build_engine(cfg, model, device, dtype, hooks)
+        return build_engine(cfg, model, device, dtype, hooks, say)
     router, name, provider = build_router(cfg)
     # The real executor's replicas take turns on this machine, over one model in memory:
     # each replica's clock counts the measured time of its own steps only (a virtual clock
     # under measured host time), and arrivals are replayed without waiting.
     turns = not is_simulated(cfg)
     engines = [
-        build_engine(cfg, model, device, dtype, hooks, i == 0, VirtualClock() if turns else None)
+        build_engine(
+            cfg, model, device, dtype, hooks, say and i == 0, VirtualClock() if turns else None
+        )
         for i in range(replicas)
     ]
     roles, handoffs = build_handoffs(cfg, engines, model, dtype)

@@ -76,9 +76,10 @@ class ExecutorConfig:
     # name, or a spec file)
     hardware: str = "h100-sxm"
     # simulated, analytic: GPUs a replica spans (1, 2, 4, 8; Megatron tensor parallelism),
-    # joined by `interconnect` (dgx: NVSwitch inside an 8-GPU node; nvlink_pair)
+    # joined by `interconnect` (dgx: NVSwitch inside an 8-GPU node; nvlink_pair: bridged
+    # pairs); null: the hardware spec's `default_interconnect`
     tensor_parallel: int = 1
-    interconnect: str = "dgx"
+    interconnect: str | None = None
     # simulated, under `python serve.py`: `wall` waits out each step's predicted seconds on
     # the wall clock, so the API answers with the profile's timing; `none` answers as fast
     # as this machine simulates. A batch run (`run.py`) is not paced.
@@ -143,7 +144,8 @@ class ClusterConfig:
     prefill: int | None = None
     decode: int | None = None
     # The link a request's KV crosses from its prefill replica to its decode replica: a
-    # shipped one (nvlink, infiniband, pcie, ethernet: executors/simulated/links.yaml), its
+    # shipped one (nvlink, nvlink3, nvlink_bridge, infiniband, pcie, ethernet:
+    # executors/simulated/links.yaml), its
     # figures overridden by `link_gbps` (Gbit/s, each way, per GPU port: 400 for NDR
     # InfiniBand) and `link_latency_us` (microseconds) when set.
     link: str = "nvlink"

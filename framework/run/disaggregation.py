@@ -49,7 +49,7 @@ def kv_shape(cfg: DictConfig, model: Any, dtype: torch.dtype) -> KVShape:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     tp = int(cfg.executor.tensor_parallel)
-    kv_heads = max(1, -(-c.num_key_value_heads // tp))
+    kv_heads = max(1, -(-(getattr(c, "num_key_value_heads", None) or c.num_attention_heads) // tp))
     itemsize = torch.empty((), dtype=dtype).element_size()
     layers = int(c.num_hidden_layers)
     return KVShape(2 * layers * kv_heads * head_dim * itemsize, layers, tp)

@@ -45,9 +45,10 @@ Settings (KEY=VALUE): seed, device=auto|cpu|cuda|cuda:N, dtype=float32|bfloat16|
   threads, window (output=deferred), observers=[...], engine.max_num_seqs,
   engine.max_num_batched_tokens, engine.block_size, engine.num_blocks, engine.kv_memory_mb,
   model.path, model.max_model_len, workload.<field> (each workload's fields: its YAML in conf/).
-Simulated (executor=simulated): executor.profile, executor.hardware=h100-sxm|h200|a100-80gb
-  (the GPU priced when no profile of this CPU fits), executor.tensor_parallel=1|2|4|8,
-  executor.interconnect=dgx|nvlink_pair, executor.host_time, executor.overlap.
+Simulated (executor=simulated): executor.profile, executor.hardware=h100-sxm|h200|a100-80gb|
+  a100-40gb|a100-80gb-pcie (the GPU priced when no profile of this CPU fits),
+  executor.tensor_parallel=1|2|4|8, executor.interconnect=dgx|nvlink_pair (unset: the GPU's
+  own), executor.host_time, executor.overlap.
 A policy's options are set as GROUP.OPTION=VALUE (scheduler.key=prompt_len); `-m` sweeps any
 of them (a,b,c). Hydra's own flags: --hydra-help. More: README.md and docs/.
 """

@@ -116,7 +116,7 @@ def analytic_for(cfg: DictConfig, shape: ModelShape) -> AnalyticProfile:
         shape=AnalyticShape.from_config(config),  # refuses what it cannot price, in one line
         dtype=str(cfg.dtype),
         tensor_parallel=int(x.tensor_parallel),
-        interconnect=str(x.interconnect),
+        interconnect=interconnect_setting(x),
         meta={"made_by": f"executor.hardware={x.hardware} (computed at start)"},
     )
 
@@ -134,10 +134,16 @@ def with_tensor_parallel(cfg: DictConfig, cost: CostModel, path: str) -> CostMod
                 "measured on one device"
             )
         return cost
-    if tp == 1 or (cost.tensor_parallel, cost.interconnect) == (tp, str(x.interconnect)):
+    asked = interconnect_setting(x) or cost.interconnect  # unset: the profile's own
+    if tp == 1 or (cost.tensor_parallel, cost.interconnect) == (tp, asked):
         return cost
     meta = {k: v for k, v in cost.meta.items() if k not in ("tensor_parallel", "interconnect")}
-    return AnalyticProfile(cost.hardware, cost.shape, cost.dtype, tp, str(x.interconnect), meta)
+    return AnalyticProfile(cost.hardware, cost.shape, cost.dtype, tp, asked, meta)
+
+
+def interconnect_setting(x: Any) -> str | None:
+    """`executor.interconnect`, or None: the hardware spec's `default_interconnect`."""
+    return None if x.interconnect is None else str(x.interconnect)
 
 
 def machine_fit(machine: dict[str, Any]) -> int:
@@ -194,7 +200,7 @@ def build_simulated(
                 f"executor=simulated: no profile measured on this CPU for {model_id(shape.config)} "
                 f"in {cfg.dtype}; using the analytic profile of this model on "
                 f"{cost.hardware.name}"
-                + (f" x{x.tensor_parallel} ({x.interconnect})" if x.tensor_parallel > 1 else "")
+                + (f" x{x.tensor_parallel} ({cost.interconnect})" if x.tensor_parallel > 1 else "")
                 + ": its seconds are an estimate for that GPU, not a measurement",
                 file=sys.stderr,
             )

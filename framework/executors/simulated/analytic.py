@@ -12,7 +12,12 @@ GEMM is priced as a weight stream and a large one as tiles of tensor-core work. 
 predicts is labelled `kind: analytic` (and `meta.analytic: true`): an estimate for that GPU,
 checked against published tables (`experiments.gpu_check`), not a measurement.
 
-The model is Llama-shaped (grouped-query attention, a gated MLP). Mixture-of-experts configs
+The layer is Llama's (grouped-query attention, a gated MLP, rotary positions, RMSNorms) or
+OPT's (multi-head attention, a ReLU MLP of two matrices, LayerNorms, biases, a learned
+position table looked up and added once a step): `gpu.model_shape` reads which. A sliding
+attention window (Mistral 7B) is priced over the keys each query reads: the executor hands
+`StepFeatures.of` the profile's `attention_window`, so each decode row reads at most the
+window's KV and a prompt's FLOPs are those of a banded causal mask. Mixture-of-experts configs
 are refused: their weight traffic depends on routing, which a step's features do not carry.
 """
 
@@ -59,7 +64,10 @@ MODEL_ASSUMPTIONS = (
     "a step), and the device runs beside the host (executor.overlap)",
     "attention: prefill FLOPs 4 x heads x head_dim x 0.5 x queries x context (causal) at a "
     "published FlashAttention fraction of the peak; decode reads each row's whole context of "
-    "KV at a fraction of the bandwidth",
+    "KV at a fraction of the bandwidth; under a sliding window, a decode row reads at most the "
+    "window's KV and a prompt's FLOPs shrink by the share of the causal mask the band keeps",
+    "OPT's layer: no rotary, LayerNorms priced as norms, biases read with their projections' "
+    "weights, a plain MLP (up, ReLU, down), and a learned position lookup and add a step",
     "tensor parallelism: Megatron's split (heads and MLP columns, KV heads per GPU, "
     "replicated when fewer than GPUs), two all-reduces a layer of tokens x hidden, an "
     "alpha-beta fit per worker count to published all-reduce times; the logits' gather "
@@ -88,13 +96,14 @@ class StepEstimate:
 @dataclass
 class AnalyticProfile:
     """A `CostModel` that prices each step on `hardware` for `shape` in `dtype`, operator by
-    operator, on each of `tensor_parallel` GPUs joined by `interconnect`."""
+    operator, on each of `tensor_parallel` GPUs joined by `interconnect` (None: the spec's
+    `default_interconnect`)."""
 
     hardware: HardwareSpec
     shape: ModelShape
     dtype: str
     tensor_parallel: int = 1
-    interconnect: str = "dgx"
+    interconnect: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     kind: str = KIND
     host: HostCost = field(init=False)  # the spec's: the CostModel protocol reads it here
@@ -115,17 +124,11 @@ class AnalyticProfile:
             self.shard = self.shape.shard(tp)
         except ValueError as exc:
             raise ProfileError(str(exc)) from None
+        if self.interconnect is None:
+            self.interconnect = self.hardware.default_interconnect
         self.link: AllReduceFit | None = None
         if tp > 1:
-            links = self.hardware.interconnects
-            if self.interconnect not in links:
-                have = ", ".join(sorted(links)) or "none"
-                raise ProfileError(
-                    f"executor.interconnect={self.interconnect}: {self.hardware.id} has "
-                    f"all-reduce fits for {have}"
-                )
-            self.link = links[self.interconnect]
-            self.link.seconds(1.0, tp)  # refuses a worker count the fit has no times for
+            self.link = self._interconnect_for(tp)
         self.host = self.hardware.host
         base = self.base_meta()
         for key in ("model_id", "dtype", "tensor_parallel"):
@@ -136,6 +139,34 @@ class AnalyticProfile:
         self.meta = {**base, **self.meta, "analytic": True}
         self._dense: dict[int, tuple[float, float]] = {}
         self._head: dict[int, tuple[float, float]] = {}
+
+    def _interconnect_for(self, tp: int) -> AllReduceFit:
+        """The all-reduce fit of the named interconnect, refusing in one line a spec without
+        it or a degree it does not join (a bridged pair joins two GPUs)."""
+        fits, hw = self.hardware.interconnects, self.hardware
+        have = ", ".join(sorted(fits)) or "none"
+        if self.interconnect is None:
+            raise ProfileError(
+                f"executor.interconnect: unset, and {hw.id} names no default_interconnect "
+                f"(it has all-reduce fits for {have})"
+            )
+        if self.interconnect not in fits:
+            raise ProfileError(
+                f"executor.interconnect={self.interconnect}: {hw.id} has all-reduce fits for {have}"
+            )
+        link = fits[self.interconnect]
+        if tp not in link.workers:
+            accepts = ", ".join(str(n) for n in (1, *link.workers))
+            raise ProfileError(
+                f"executor.tensor_parallel={tp}: {hw.id} over {self.interconnect} accepts {accepts}"
+            )
+        return link
+
+    @property
+    def attention_window(self) -> int | None:
+        """The keys a query attends at most (a sliding window), or None: what the executor
+        hands `StepFeatures.of` so that a row's attention is priced over what it reads."""
+        return self.shape.sliding_window
 
     def base_meta(self) -> dict[str, Any]:
         """What the profile's own fields say about it: enough to label any result."""
@@ -160,7 +191,7 @@ class AnalyticProfile:
         dtype: str,
         meta: dict[str, Any] | None = None,
         tensor_parallel: int = 1,
-        interconnect: str = "dgx",
+        interconnect: str | None = None,
     ) -> AnalyticProfile:
         """From a spec file's contents and a Hugging Face config dict (`config.to_dict()` or
         a config.json read as JSON)."""
@@ -193,7 +224,9 @@ class AnalyticProfile:
                 shape=ModelShape.from_config(section(data, "model_config", "profile")),
                 dtype=dtype,
                 tensor_parallel=int(parallel.get("tensor", 1)),
-                interconnect=str(parallel.get("interconnect", "dgx")),
+                interconnect=(
+                    None if parallel.get("interconnect") is None else str(parallel["interconnect"])
+                ),
                 meta={k: v for k, v in meta.items() if k != "source"},
             )
         except ProfileError as exc:
@@ -232,6 +265,11 @@ class AnalyticProfile:
         ops["kv_write"] = L * kv_write
         ops["all_reduce"] = L * 2 * self.all_reduce_s(tokens * s.hidden * b)
         ops["emb"] = one["emb"]
+        if self.shape.learned_positions:  # OPT: the position rows, looked up and added
+            stream = self.hardware.kernels.stream
+            ops["pos_emb"] = one["emb"] + stream["add"].seconds(
+                3 * tokens * s.hidden * b, self.device.bandwidth
+            )
         ops["final_norm"] = one["input_layernorm"]
         return ops
 
@@ -269,7 +307,9 @@ class AnalyticProfile:
         return hit
 
     def attention_s(self, f: StepFeatures) -> tuple[float, float]:
-        """(prefill, decode) attention seconds over all layers."""
+        """(prefill, decode) attention seconds over all layers. Under a sliding window, `f`
+        must come from `StepFeatures.of(batch, self.attention_window)`: its products and
+        contexts are then the windowed ones."""
         s, dev, att = self.shard, self.device, self.hardware.attention
         L = self.shape.num_hidden_layers
         prefill = decode = 0.0

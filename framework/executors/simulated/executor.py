@@ -53,6 +53,10 @@ class SimulatedExecutor:
         # The device runs beside the host (a GPU; the clock's `overlap`): said in
         # metrics.json and MLflow, since it changes what deferred output is worth.
         self.overlap = overlap
+        # The keys a query attends at most (a sliding window) where the cost model prices
+        # attention over what it reads (an analytic profile of Mistral 7B); None elsewhere,
+        # as for a measured profile, whose steps were timed on whatever its kernels read.
+        self.window: int | None = getattr(cost, "attention_window", None)
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
@@ -70,7 +74,7 @@ class SimulatedExecutor:
         return out
 
     def execute(self, batch: StepBatch) -> ExecResult:
-        features = StepFeatures.of(batch)
+        features = StepFeatures.of(batch, self.window)
         cost = self.cost.predict(features)
         # A chunk short of its prompt's end samples nothing: its entry is never read.
         ids = self.tokens.tokens(batch.rows)

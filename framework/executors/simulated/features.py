@@ -6,6 +6,12 @@ on CPU in fp32 its Linear layers then run on that many rows rounded up to a buck
 way the kernels split it: each prefill row attends its queries over its context (a prompt's
 square, Vidur's "equivalent prefill"; a recompute or a cached prefix reads more context than
 it has queries), each decode row reads its whole context once.
+
+Under a sliding attention window of W keys (`of(batch, window=W)`, Mistral 7B), a query at
+position p attends its last min(p + 1, W) keys: a decode row reads min(context, W) of KV, and a
+prefill row's product is its queries x context scaled by the share of the causal mask that
+the band keeps, so that the causal-half pricing of a prompt inside the window is unchanged.
+What the engine keeps is not: it stores every token's KV whatever the window.
 """
 
 from __future__ import annotations
@@ -48,12 +54,19 @@ class StepFeatures:
     decode_max_ctx: int = 0
 
     @classmethod
-    def of(cls, batch: StepBatch) -> StepFeatures:
+    def of(cls, batch: StepBatch, window: int | None = None) -> StepFeatures:
+        """The step's features; `window`: the keys a query attends at most (a sliding
+        window), which bounds what each row's attention reads (module docstring)."""
         prefill_rows = prefill_tokens = prefill_attn = decode_rows = decode_ctx = random = 0
         longest = 0
         for row in batch.rows:
             q = len(row.token_ids)
             ctx = row.ctx_len
+            if window is not None and ctx > window:
+                q_ctx = windowed_product(q, ctx, window)
+                ctx = window
+            else:
+                q_ctx = q * ctx
             if q == 1 and row.start_pos > 0:  # `row.is_decode`, inlined (every row, every step)
                 decode_rows += 1
                 decode_ctx += ctx
@@ -62,7 +75,7 @@ class StepFeatures:
             else:
                 prefill_rows += 1
                 prefill_tokens += q
-                prefill_attn += q * ctx
+                prefill_attn += q_ctx
             if row.samples and not row.discard and not row.sampling.greedy:
                 random += 1
         tokens = prefill_tokens + decode_rows
@@ -82,3 +95,22 @@ class StepFeatures:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+def band_pairs(q: int, ctx: int, window: int) -> int:
+    """(query, key) pairs a banded causal mask keeps for `q` queries ending at position
+    `ctx` - 1: each query at position p attends min(p + 1, window) keys."""
+    first = ctx - q + 1  # the first query's keys, unwindowed
+    if ctx <= window:
+        return q * ctx - q * (q - 1) // 2  # the causal triangle's rows, untouched
+    if first > window:
+        return q * window
+    full = (first + window) * (window - first + 1) // 2  # the queries still inside the window
+    return full + (ctx - window) * window
+
+
+def windowed_product(q: int, ctx: int, window: int) -> int:
+    """A prefill row's queries x context under a sliding window: q x ctx scaled by the share
+    of the causal mask's pairs the band keeps (1 for a row inside the window)."""
+    causal = q * ctx - q * (q - 1) // 2
+    return q * ctx * band_pairs(q, ctx, window) // causal

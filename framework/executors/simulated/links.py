@@ -1,8 +1,11 @@
-"""The links a disaggregated cluster's KV transfers may take (`cluster.link`): each one's
-bandwidth per GPU port and latency, from `links.yaml`, with the documents they come from."""
+"""The links between GPUs, from `links.yaml`: each one's bandwidth per GPU port and latency,
+with the documents they come from. A disaggregated cluster's KV transfers take one
+(`cluster.link`); a hardware spec's tensor-parallel interconnects each run over one
+(`gpu.interconnects`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,12 @@ class LinkSpec:
 
 def shipped_links() -> dict[str, LinkSpec]:
     """Every link of `links.yaml`, by its name."""
+    return dict(_read_links())
+
+
+@functools.cache
+def _read_links() -> dict[str, LinkSpec]:
+    """The file, parsed once: every hardware spec that names a link reads it."""
     raw = yaml.safe_load(LINKS_FILE.read_text(encoding="utf-8"))
     return {
         key: LinkSpec(

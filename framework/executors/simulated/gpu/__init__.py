@@ -3,6 +3,6 @@ with efficiencies fitted to published per-operator GPU timings (docs/simulator-a
 
 - `kernels`: the kernel families (GEMM, streaming elementwise, attention, all-reduce), each a
   small physical formula with a handful of fitted parameters;
-- `shard`: one GPU's share of a Llama-shaped model under Megatron tensor parallelism, and the
+- `shard`: one GPU's share of a dense decoder under Megatron tensor parallelism, and the
   operators of one layer at a step's shape.
 """

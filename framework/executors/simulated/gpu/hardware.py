@@ -1,6 +1,11 @@
 """A GPU's hardware spec: its datasheet peaks, its fitted kernel families, its attention
 efficiencies and its interconnects' all-reduce fits, read from a YAML file
-(`framework/executors/simulated/hardware/*.yaml`, docs/simulator-analytic.md)."""
+(`framework/executors/simulated/hardware/*.yaml`, docs/simulator-analytic.md).
+
+A spec file's interconnects are fitted on a published table of that node (below its fit
+marker) or carried from another spec's fit at the datasheet bandwidth of the link it names
+(`links:`, `gpu.interconnects`); `load_hardware_spec` works the carried ones out, so the dict
+it returns, and every profile file written from it, holds plain numbers."""
 
 from __future__ import annotations
 
@@ -9,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from framework.executors.simulated.cost import HostCost, ProfileError
+from framework.executors.simulated.gpu.interconnects import (
+    InterconnectSource,
+    parse_links,
+    resolve_interconnects,
+)
 from framework.executors.simulated.gpu.kernels import AllReduceFit, AttentionFit, KernelFits, number
 from framework.executors.simulated.gpu.shard import Device
 
@@ -44,6 +54,11 @@ class HardwareSpec:
     sample_overhead_s: float  # per step that samples
     host: HostCost  # the engine's own host work (scheduler, bookkeeping)
     interconnects: dict[str, AllReduceFit] = field(default_factory=dict)
+    # What each interconnect runs over (a link of links.yaml) and whose fit it carries.
+    links: dict[str, InterconnectSource] = field(default_factory=dict)
+    # The interconnect a tensor-parallel run takes when `executor.interconnect` is unset: the
+    # node the GPU is sold in (an SXM part's NVSwitch node, a PCIe card's bridged pair).
+    default_interconnect: str | None = None
     memory_capacity: float | None = None  # bytes; informational
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
@@ -67,6 +82,17 @@ class HardwareSpec:
         if not isinstance(links_in, dict):
             raise ProfileError(f"{where}.interconnects: not a mapping")
         capacity = data.get("memory_capacity")
+        interconnects = {
+            str(k): AllReduceFit.from_dict(v, f"{where}.interconnects.{k}")
+            for k, v in links_in.items()
+        }
+        default = data.get("default_interconnect")
+        if default is not None and default not in interconnects:
+            have = ", ".join(sorted(interconnects)) or "none"
+            raise ProfileError(
+                f"{where}.default_interconnect: {default!r} is not one of its interconnects "
+                f"({have})"
+            )
 
         def optional(section: dict[str, Any], key: str, name: str) -> float:
             if key not in section:
@@ -87,10 +113,9 @@ class HardwareSpec:
                 per_step_s=optional(host, "per_step_s", "host"),
                 per_row_s=optional(host, "per_row_s", "host"),
             ),
-            interconnects={
-                str(k): AllReduceFit.from_dict(v, f"{where}.interconnects.{k}")
-                for k, v in links_in.items()
-            },
+            interconnects=interconnects,
+            links=parse_links(data.get("links"), f"{where}.links"),
+            default_interconnect=default,
             memory_capacity=(None if capacity is None else number(data, "memory_capacity", where)),
             sources=tuple(str(s) for s in data.get("sources") or ()),
             assumptions=tuple(str(s) for s in data.get("assumptions") or ()),
@@ -110,6 +135,10 @@ class HardwareSpec:
             "kernels": self.kernels.to_dict(),
             "interconnects": {k: v.to_dict() for k, v in self.interconnects.items()},
         }
+        if self.links:
+            out["links"] = {k: v.to_dict() for k, v in self.links.items()}
+        if self.default_interconnect is not None:
+            out["default_interconnect"] = self.default_interconnect
         if self.memory_capacity is not None:
             out["memory_capacity"] = self.memory_capacity
         out["sources"] = list(self.sources)
@@ -144,7 +173,11 @@ def hardware_spec_path(name: str | Path) -> Path:
 
 def load_hardware_spec(name: str | Path) -> dict[str, Any]:
     """A spec file's contents, checked (`HardwareSpec.from_dict`), its `id` defaulting to
-    the file's stem."""
+    the file's stem, and its carried interconnects worked out (`gpu.interconnects`)."""
+    return _load_spec(name, ())
+
+
+def _load_spec(name: str | Path, seen: tuple[str, ...]) -> dict[str, Any]:
     import json
 
     import yaml
@@ -158,5 +191,9 @@ def load_hardware_spec(name: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProfileError(f"hardware spec {p}: not a mapping")
     data.setdefault("id", p.stem)
-    HardwareSpec.from_dict(data, where=f"hardware spec {p}")
+    where = f"hardware spec {p}"
+    links = resolve_interconnects(data, where, _load_spec, seen)
+    if links:
+        data["interconnects"] = links
+    HardwareSpec.from_dict(data, where=where)
     return data

@@ -86,12 +86,22 @@ class GemmFit:
         return cls(**v)
 
     def seconds(
-        self, m: float, n: float, k: float, b: float, bandwidth: float, peak: float, sms: int
+        self,
+        m: float,
+        n: float,
+        k: float,
+        b: float,
+        bandwidth: float,
+        peak: float,
+        sms: int,
+        bias: bool = False,
     ) -> float:
-        """One GEMM of m x k by k x n in `b` bytes an element."""
+        """One GEMM of m x k by k x n in `b` bytes an element; a bias (n elements, added in
+        the epilogue) is read with the weights."""
         if m <= 0:
             return 0.0
-        memory = b * (m * k + k * n + m * n) / (bandwidth * self.bandwidth)
+        elements = m * k + k * n + m * n + (n if bias else 0)
+        memory = b * elements / (bandwidth * self.bandwidth)
         tiles = math.ceil(m / self.tile_m) * math.ceil(n / 256)
         w = tiles / sms
         waves = self.wave_quantisation * math.ceil(w) + (1 - self.wave_quantisation) * w

@@ -1,4 +1,4 @@
-"""One GPU's share of a Llama-shaped model, and what each operator of a layer costs on it.
+"""One GPU's share of a dense decoder, and what each operator of a layer costs on it.
 
 Tensor parallelism is Megatron's: the fused q,k,v projection and the gate-up projection are
 split by columns (heads and MLP columns), the o and down projections by rows, so each GPU
@@ -53,8 +53,11 @@ class Shard:
     kv_heads: int
     head_dim: int
     vocab: int
-    gated: bool = True  # gate and up fused (Llama); False: one up projection (GPT-2, Phi)
+    gated: bool = True  # gate and up fused (Llama); False: one up projection (OPT, Phi)
     tp: int = 1
+    rotary: bool = True  # False: learned positions (OPT), added once before the layers
+    attention_bias: bool = False  # q, k, v and o carry a bias (OPT)
+    mlp_bias: bool = False  # the MLP's projections carry a bias (OPT)
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.heads % self.tp:
@@ -96,10 +99,12 @@ class Shard:
 
 @dataclass(frozen=True)
 class Gemm:
-    """A projection of the step's tokens: k inputs to n outputs."""
+    """A projection of the step's tokens: k inputs to n outputs, with a bias or not (added in
+    the GEMM's epilogue, as cuBLASLt's bias epilogue and vLLM's linear layers do)."""
 
     n: int
     k: int
+    bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,16 +122,18 @@ def layer_shapes(shard: Shard, m: int, b: int) -> dict[str, Gemm | Stream]:
     rows = m * h * b  # one activation of the residual stream
     gated = 3 if shard.gated else 2  # gated reads gate and up, writes one
     qk_heads = shard.heads_shard + shard.kv_heads_shard
+    rope = 2 * m * qk_heads * shard.head_dim * b if shard.rotary else 0  # 0: no kernel
+    attn_bias, mlp_bias = shard.attention_bias, shard.mlp_bias
     return {
         "emb": Stream("embedding", 2 * rows),
         "input_layernorm": Stream("norm", 2 * rows),
-        "attn_pre_proj": Gemm(shard.qkv_out, h),
-        "attn_rope": Stream("rotary", 2 * m * qk_heads * shard.head_dim * b),
-        "attn_post_proj": Gemm(h, shard.heads_shard * shard.head_dim),
+        "attn_pre_proj": Gemm(shard.qkv_out, h, attn_bias),
+        "attn_rope": Stream("rotary", rope),
+        "attn_post_proj": Gemm(h, shard.heads_shard * shard.head_dim, attn_bias),
         "post_attention_layernorm": Stream("norm", 2 * rows),
-        "mlp_up_proj": Gemm(shard.up_out, h),
+        "mlp_up_proj": Gemm(shard.up_out, h, mlp_bias),
         "mlp_act": Stream("activation", gated * m * shard.mlp_shard * b),
-        "mlp_down_proj": Gemm(h, shard.mlp_shard),
+        "mlp_down_proj": Gemm(h, shard.mlp_shard, mlp_bias),
         "add": Stream("add", 3 * rows),
     }
 
@@ -138,7 +145,7 @@ def layer_operators(shard: Shard, m: int, fits: KernelFits, dev: Device) -> dict
     out = {}
     for op, shape in layer_shapes(shard, m, b).items():
         if isinstance(shape, Gemm):
-            out[op] = fits.gemm.seconds(m, shape.n, shape.k, b, bw, dev.peak, dev.sms)
+            out[op] = fits.gemm.seconds(m, shape.n, shape.k, b, bw, dev.peak, dev.sms, shape.bias)
         else:
             out[op] = fits.stream[shape.family].seconds(shape.nbytes, bw)
     return out
