@@ -52,6 +52,19 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
     assert split["mixed_util"] == "" and float(split["kv_transfer_s_p99"]) > 0
     md = (sweep / "disaggregation.md").read_text()
     assert md.count("| azure_conv_poisson |") == 2 and "goodput_rps: the highest" in md
+    # Every probe of both searches, with its run's figures and its verdict.
+    with (sweep / "disaggregation.probes.csv").open() as f:
+        probes = list(csv.DictReader(f))
+    for layout, row in rows.items():
+        mine = [p for p in probes if p["layout"] == layout]
+        assert len(mine) == int(row["probes"]) and {p["job"] for p in mine} == {mine[0]["job"]}
+        assert [int(p["probe"]) for p in mine] == list(range(1, len(mine) + 1))
+        met = [float(p["rate_rps"]) for p in mine if p["met"] == "True"]
+        assert float(row["goodput_rps"]) == max(met)
+        for p in mine:
+            assert (p["met"] == "True") == (float(p["attainment"]) >= 0.9)
+            assert float(p["tbt_p99_s"]) > 0 and float(p["scheduling_delay_p50_s"]) >= 0
+    assert all(p["kv_transfer_s_p99"] for p in probes if p["layout"] == "p1d3_ethernet")
     head = (sweep / "disaggregation.png").read_bytes()[:24]
     size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and size == (4 * 320, 360)  # 4 panels, 3.2 x 3.6 in

@@ -30,7 +30,7 @@ def steps(draw: st.DrawFn, n: int | None = None) -> list[StepStats]:
     for i in range(count):
         time += draw(_secs)
         phases = draw(st.dictionaries(st.sampled_from(PHASES), _secs, max_size=len(PHASES)))
-        ints = [draw(_ints) for _ in range(15)]
+        ints = [draw(_ints) for _ in range(16)]
         out.append(StepStats(i, time, *ints, draw(_secs), phase_s=phases))
     return out
 

@@ -30,6 +30,7 @@ class StepStats:
     step: int
     time: float  # seconds since run start, at the end of the step
     rows: int  # rows in the forward (finished rows of a static batch included)
+    paused_rows: int  # running rows that sat the step out (a prefill-only step's decodes)
     prefill_rows: int
     prefill_tokens: int
     decode_rows: int

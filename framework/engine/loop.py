@@ -385,6 +385,7 @@ class Engine:
             step=len(self.steps),
             time=self.now(),
             rows=rows,
+            paused_rows=plan.paused,
             prefill_rows=rows - batch.decode_rows,
             prefill_tokens=batch.prefill_tokens,
             decode_rows=batch.decode_rows,

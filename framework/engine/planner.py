@@ -91,6 +91,7 @@ class Planner:
         timer.lap("allocate")
         plan.admitted = len(admitted)
         plan.rows = self.unpaused(admitted, plan.partial) if self.pauses else list(self.running)
+        plan.paused = len(self.running) - len(plan.rows)
         return plan
 
     def unpaused(self, admitted: list[Sequence], partial: dict[Sequence, int]) -> list[Sequence]:

@@ -23,6 +23,7 @@ class StepPlan:
     evicted: int = 0
     preempted: int = 0
     admitted: int = 0
+    paused: int = 0  # running rows that sit the step out (`Scheduler.pause`)
 
     def tokens(self, seq: Sequence) -> int:
         """The tokens `seq`'s row computes in this step's forward."""

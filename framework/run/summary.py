@@ -13,6 +13,7 @@ import numpy as np
 from framework.engine.counters import PHASES, StepStats, step_value
 from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.step_log import StepLog
+from framework.run.kv_shares import kv_shares
 
 if TYPE_CHECKING:
     from framework.engine.loop import RunResult
@@ -55,11 +56,25 @@ def summarize(result: RunResult) -> dict[str, Any]:
         and s.first_token_at is not None
         and len(s.output_token_ids) > 1
     ]
-    # Inter-token latency: every gap between consecutive tokens of a request, pooled. Its
-    # tail is the decode stall that a long prefill causes and chunked prefill removes.
-    # (numpy per request: a whole day's trace has four million gaps.)
+    # Time between tokens (TBT, Sarathi-Serve's name): every gap between consecutive tokens
+    # of a request, pooled. Its tail is the decode stall that a long prefill causes and
+    # chunked prefill removes. (numpy per request: a whole day's trace has four million gaps.)
     gaps = [np.diff(s.token_times) for s in done if len(s.token_times) > 1]
-    itl = np.concatenate(gaps) if gaps else []
+    tbt = np.concatenate(gaps) if gaps else []
+    # Normalized latency (vLLM's): a request's end-to-end latency over its output tokens,
+    # so that long and short answers weigh alike; its mean is the paper's curve.
+    normalized = [
+        (s.finished_at - s.arrival) / len(s.output_token_ids)
+        for s in done
+        if s.finished_at is not None and s.output_token_ids
+    ]
+    # Scheduling delay (Sarathi-Serve's): arrival to the first admission, the queueing a
+    # scheduler adds before any work starts (a preempted request keeps its first).
+    delay = [
+        s.admitted_at - s.arrival
+        for s in seqs
+        if s.admitted_at is not None and s.finish_reason != ABORTED
+    ]
     # When the last request's part here ended: its finish, or for one handed off to a decode
     # replica (a prefill replica's), its first token.
     ends = [s.finished_at if s.status is Status.RELEASED else s.first_token_at for s in first]
@@ -99,7 +114,15 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "prefix_evictions": counters.prefix_evictions,
         "waste_fraction": (slots - counters.tokens_kept) / slots if slots else 0.0,
         "occupancy": counters.tokens_kept / (max_num_seqs * n_steps) if n_steps else 0.0,
+        # Rows of a step's forward, averaged over steps.
         "mean_rows": _total(steps, "rows") / n_steps if n_steps else 0.0,
+        # Requests in the running batch a step, the forward's rows and those that sat it out
+        # (a prefill-only step's decodes, `scheduler=prefill_first`), averaged over steps: the
+        # vLLM paper's "average number of batched requests" (its Fig. 13), what a memory
+        # manager lets a batch hold. Equal to mean_rows where no row ever sits out.
+        "mean_batched": (_total(steps, "rows") + _total(steps, "paused_rows")) / n_steps
+        if n_steps
+        else 0.0,
         "preemptions": counters.preemptions,
         "recomputed_tokens": counters.recomputed_tokens,
         "peak_blocks": result.peak_blocks,
@@ -122,8 +145,12 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "tpot_p50_s": _pct(tpot, 50),
         "tpot_p90_s": _pct(tpot, 90),
         "tpot_p99_s": _pct(tpot, 99),
-        "itl_p50_s": _pct(itl, 50),
-        "itl_p99_s": _pct(itl, 99),
+        "tbt_p50_s": _pct(tbt, 50),
+        "tbt_p99_s": _pct(tbt, 99),
+        "normalized_latency_s": float(np.mean(normalized)) if normalized else None,
+        "scheduling_delay_mean_s": float(np.mean(delay)) if delay else None,
+        "scheduling_delay_p50_s": _pct(delay, 50),
+        "scheduling_delay_p99_s": _pct(delay, 99),
         "e2e_mean_s": float(np.mean(e2e)) if e2e else None,
         "e2e_p50_s": _pct(e2e, 50),
         "e2e_p90_s": _pct(e2e, 90),
@@ -133,6 +160,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         # host, what it is busy with; on a real run, their host time).
         "busy_s": phase_total["forward"] + phase_total["sample"],
     }
+    summary.update(kv_shares(counters))  # the KV pool's time-averaged shares
     for p in PHASES:  # (with the device beside the host, forward's share is its busy share)
         summary[f"time_share_{p}"] = phase_total[p] / step_total if step_total else 0.0
     # Progress: every admission yields a token before its row can be preempted again, so a
@@ -232,6 +260,7 @@ COUNT_KEYS = (
     "waste_fraction",
     "occupancy",
     "mean_rows",
+    "mean_batched",
     "preemptions",
     "recomputed_tokens",
     "peak_blocks",
@@ -265,6 +294,12 @@ def request_row(s: Sequence) -> dict[str, Any]:
         "released_s": s.released_at,
         "ttft_s": None if s.first_token_at is None else s.first_token_at - s.arrival,
         "e2e_s": None if s.finished_at is None else s.finished_at - s.arrival,
+        "scheduling_delay_s": None if s.admitted_at is None else s.admitted_at - s.arrival,
+        "normalized_latency_s": (
+            None
+            if s.finished_at is None or not s.output_token_ids
+            else (s.finished_at - s.arrival) / len(s.output_token_ids)
+        ),
         # One `%` a request (1.5x a format a token: a whole day's trace has four million)
         "token_times_s": " ".join(["%.6f"] * len(s.token_times)) % tuple(s.token_times),
     }

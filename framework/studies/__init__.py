@@ -5,7 +5,8 @@
   `goodput_study` (`GoodputStudy`, each job searched for its goodput), both reading the
   sweep's jobs through `sweep_runs`.
 - The capacity search: `goodput` (`python -m experiments.goodput`), on the search in
-  `goodput_search` and its probes in `goodput_probes`.
+  `goodput_search`, its conditions in `slo`, its probes in `goodput_probes` and its report
+  in `goodput_report`.
 - `notebook`: a run, a sweep and a capacity search called from Python, their results as
   pandas DataFrames.
 """

@@ -188,8 +188,8 @@ STUDIES: dict[str, Study] = {
                 "ttft_p99_s",
                 "tpot_p50_s",
                 "tpot_p99_s",
-                "itl_p50_s",
-                "itl_p99_s",
+                "tbt_p50_s",
+                "tbt_p99_s",
                 "e2e_p50_s",
                 "e2e_p99_s",
             ),
@@ -197,13 +197,13 @@ STUDIES: dict[str, Study] = {
             ("goodput_rps", _goodput),
             ("makespan_s", _metric("makespan_s")),
         ],
-        plot=["ttft_p99_s", "tpot_p99_s", "itl_p99_s", "goodput_rps"],
+        plot=["ttft_p99_s", "tpot_p99_s", "tbt_p99_s", "goodput_rps"],
         defaults={"ttft_slo_s": 3.0, "tpot_slo_s": 0.15},
         note="chunk_size off: prefills are never cut (the unchunked schedule); prefill_chunks: "
-        "prefill rows computed (a prefill served whole is one); itl: every gap between a "
-        "request's consecutive tokens, pooled; slo_met: share of requests with TTFT <= "
-        "{ttft_slo_s} s and TPOT <= {tpot_slo_s} s; goodput_rps: those requests per second "
-        "of makespan.",
+        "prefill rows computed (a prefill served whole is one); tbt: time between tokens, "
+        "every gap between a request's consecutive tokens, pooled; slo_met: share of "
+        "requests with TTFT <= {ttft_slo_s} s and TPOT <= {tpot_slo_s} s; goodput_rps: "
+        "those requests per second of makespan.",
     ),
     "prefix": Study(
         title="Prefix caching and cache-aware scheduling on a shared-prefix workload",

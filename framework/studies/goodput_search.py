@@ -1,64 +1,64 @@
-"""Goodput under an SLO, as DistServe defines it, the search itself: which requests of a run
-met a TTFT and a TPOT target (`slo_met`, `attainment`), and the bracketing bisection over
-request rates that finds the highest rate whose attainment reaches a target
-(`find_goodput`), whatever runs each probe (`goodput_probes.Prober`: a simulated run).
+"""The capacity search: the highest request rate at which a config meets an SLO, found by
+bracketing, then bisecting over rates, whatever runs each probe (`goodput_probes.Prober`: one
+simulated run; any callable from a rate to a run's metrics).
 
-A request meets the SLO when it finished with TTFT <= ttft_s and TPOT <= tpot_s, TPOT being
-(finish - first token) / (output tokens - 1); a request of one output token has no TPOT and is
-judged on its TTFT alone. Attainment is the share of ALL the workload's requests that met it:
-a rejected or unfinished request is a miss.
+The SLO is a list of conditions (`slo.Condition`), every one of which a probe must meet:
+conditions on the run's metrics (Sarathi-Serve's capacity: `scheduling_delay_p50_s <= 2` and
+`tbt_p99_s <= 0.1`), DistServe's attainment (`slo.attainment_condition(0.9)` on a prober that
+measures it), or both. The rate found is DistServe's goodput and Sarathi-Serve's capacity
+alike; a reproduction calls it directly:
+
+    from framework.studies.goodput_search import find_capacity
+    from framework.studies.slo import parse_condition
+
+    found = find_capacity(
+        lambda rate: run_at(rate),  # the run's metrics.json, as a dict
+        [parse_condition("scheduling_delay_p50<=2"), parse_condition("tbt_p99<=0.1")],
+        low=1.0,
+    )
+    found.goodput, found.status, [(p.rate, p.passed) for p in found.probes]
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
-
-from framework.engine.sequence import Sequence
-
-
-# ---- the SLO ------------------------------------------------------------------------------
-def slo_met(seqs: list[Sequence], ttft_s: float, tpot_s: float) -> np.ndarray:
-    """Per request (in `seqs`' order), whether it met the SLO: it finished, its time to
-    first token is <= `ttft_s`, and its time per output token after the first is <= `tpot_s`.
-    With one output token TPOT is undefined, and TTFT alone decides. Rejected and unfinished
-    requests miss (they have no finish time)."""
-    nan = float("nan")
-    arrival = np.array([s.arrival for s in seqs], dtype=float)
-    first = np.array([nan if s.first_token_at is None else s.first_token_at for s in seqs])
-    done = np.array([nan if s.finished_at is None else s.finished_at for s in seqs])
-    tokens = np.array([len(s.output_token_ids) for s in seqs], dtype=float)
-    served = ~np.isnan(first) & ~np.isnan(done) & (tokens >= 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(tokens > 1, (done - first) / (tokens - 1), 0.0)
-    return served & (first - arrival <= ttft_s) & (tpot <= tpot_s)
+from framework.studies.slo import Check, Condition, check
 
 
-def attainment(seqs: list[Sequence], ttft_s: float, tpot_s: float) -> float:
-    """The share of all requests that met both targets (`slo_met`); 0 for no requests."""
-    met = slo_met(seqs, ttft_s, tpot_s)
-    return float(met.mean()) if met.size else 0.0
+@dataclass(frozen=True)
+class Probe:
+    """One rate probed: the run's metrics, and each condition judged on them."""
+
+    rate: float
+    metrics: Mapping[str, Any]
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        """Whether every condition held: the probe met the SLO."""
+        return all(c.passed for c in self.checks)
 
 
-# ---- the search ---------------------------------------------------------------------------
 @dataclass
-class GoodputResult:
-    """What a search found. `goodput` is the highest rate probed whose attainment reached
-    the target (None when none did); `low` and `high` bracket it: `low` met (None: no probe
-    did), `high` did not (None: every probe met). `status` says why the search stopped:
-    `converged` ((high - low) / low <= tolerance), `budget` (out of probes while bisecting),
-    `below` (even the lowest rate probed missed), `above` (even the highest met)."""
+class CapacityResult:
+    """What a search found. `goodput` is the highest rate probed that met every condition
+    (None when none did); `low` and `high` bracket it: `low` met (None: no probe did), `high`
+    did not (None: every probe met). `status` says why the search stopped: `converged`
+    ((high - low) / low <= tolerance), `budget` (out of probes while bisecting), `below`
+    (even the lowest rate probed missed), `above` (even the highest met). `probes`: every
+    probe, in the order made."""
 
     goodput: float | None
     low: float | None
     high: float | None
     status: str
-    target: float
     tolerance: float
-    probes: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
+    conditions: tuple[Condition, ...]
+    probes: list[Probe] = field(default_factory=list)
 
     @property
     def width(self) -> float | None:
@@ -68,43 +68,52 @@ class GoodputResult:
         return (self.high - self.low) / self.low
 
 
-def find_goodput(
-    probe: Callable[[float], float],
+def find_capacity(
+    prober: Callable[[float], Mapping[str, Any]],
+    conditions: Sequence[Condition],
     low: float,
-    high: float,
-    target: float,
-    tolerance: float,
+    high: float | None = None,
     *,
+    tolerance: float = 0.05,
     growth: float = 2.0,
     max_probes: int = 20,
-) -> GoodputResult:
-    """The highest rate at which `probe(rate)` (an attainment in [0, 1]) reaches `target`.
+    on_probe: Callable[[Probe], None] | None = None,
+) -> CapacityResult:
+    """The highest rate at which `prober(rate)` (the run's metrics) meets every condition.
 
-    Bisection assumes attainment falls as the rate rises, crossing the target once. It
-    first makes sure `low` meets the target (dividing it by `growth` while it does not)
-    and `high` does not (multiplying it while it does), then probes the geometric middle
-    of the bracket until (high - low) / low <= `tolerance`. At most `max_probes` calls of
-    `probe` in all, each rate probed at most once. Where attainment is not monotone the
-    result is still a bracket of two probes, one that met and one that missed, within
-    `tolerance` of each other; every probe is in `probes`, in the order made.
+    Bisection assumes a probe meets the SLO below some rate and misses it above. The search
+    first makes sure `low` meets it (dividing it by `growth` while it does not) and `high`
+    (`low` x `growth` unless given) does not (multiplying it while it does), then probes the
+    geometric middle of the bracket until (high - low) / low <= `tolerance`. At most
+    `max_probes` calls of `prober` in all, each rate probed at most once; `on_probe` sees
+    each probe as it is judged. Where the SLO is not monotone in the rate the result is
+    still a bracket of two probes, one that met and one that missed, within `tolerance` of
+    each other.
     """
+    if not conditions:
+        raise ValueError("a capacity search needs at least one condition")
+    high = low * growth if high is None else high
     if not 0 < low < high:
         raise ValueError(f"the search needs 0 < low < high; got low={low}, high={high}")
     if growth <= 1:
         raise ValueError(f"growth must be > 1; got {growth}")
-    seen: dict[float, float] = {}
-    order: list[tuple[float, float]] = []
+    conds = tuple(conditions)
+    seen: dict[float, Probe] = {}
+    order: list[Probe] = []
 
     def met(rate: float) -> bool:
         if rate not in seen:
-            seen[rate] = float(probe(rate))
-            order.append((rate, seen[rate]))
-        return seen[rate] >= target
+            metrics = prober(rate)
+            seen[rate] = Probe(rate, metrics, check(conds, metrics))
+            order.append(seen[rate])
+            if on_probe is not None:
+                on_probe(seen[rate])
+        return seen[rate].passed
 
     def result(goodput: float | None, lo: float | None, hi: float | None, status: str):
-        return GoodputResult(goodput, lo, hi, status, target, tolerance, order)
+        return CapacityResult(goodput, lo, hi, status, tolerance, conds, order)
 
-    # Bracket: low must meet the target and high must miss it.
+    # Bracket: low must meet the SLO and high must miss it.
     if not met(low):
         while True:
             high, low = low, low / growth

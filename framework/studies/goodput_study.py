@@ -6,10 +6,12 @@ MLflow run as any job's. When the sweep is done, `GoodputStudy` searches each jo
 config for its goodput as DistServe defines it (`framework.studies.goodput`: the highest
 request rate at which `attainment` of all the requests meet both the TTFT and the TPOT
 target of its workload), on the simulator, and writes `NAME.md`, `NAME.csv` and `NAME.png`
-at the top of the sweep folder. A row is a job: its goodput and goodput per GPU; which
-target gave way first (at the lowest rate probed that missed); and, from the run at the
-goodput, TTFT and TPOT p50/p90/p99, the KV transfers' p99, and each pool's utilisation
-(its replicas' device-busy seconds over the run's makespan, averaged over the pool).
+at the top of the sweep folder, and `NAME.probes.csv`, every probe of every search with its
+run's figures (the sweep's MLflow parent run uploads them all). A row of the table is a job:
+its goodput and goodput per GPU; which target gave way first (at the lowest rate probed that
+missed); and, from the run at the goodput, TTFT and TPOT p50/p90/p99, the KV transfers' p99,
+and each pool's utilisation (its replicas' device-busy seconds over the run's makespan,
+averaged over the pool).
 
 The searches run in forked worker processes, one per core (`workers`): each probe is a
 simulated run on a virtual clock under `executor.host_time=model`, so every figure is the
@@ -37,12 +39,14 @@ from omegaconf import OmegaConf
 from framework.run.compose import compose_cfg
 from framework.run.errors import UserError
 from framework.studies.goodput_probes import BASE, Prober, check_config
-from framework.studies.goodput_search import find_goodput
+from framework.studies.goodput_probes import COLUMNS as PROBE_FIGURES
+from framework.studies.goodput_search import find_capacity
+from framework.studies.slo import attainment_condition
 from framework.studies.study_report import SweepStudy
 from framework.studies.sweep_runs import check_same_work, load_sweep
 from framework.tracking.plots import plot_bars
 from framework.tracking.sweep_table import write_table
-from framework.tracking.tables import job_folders
+from framework.tracking.tables import job_folders, write_csv
 from framework.tracking.tags import environment_tags
 
 # The pools a replica's role puts it in, in the table's order.
@@ -51,6 +55,10 @@ COLUMNS = (
     "workload", "layout", "gpus", "goodput_rps", "goodput_per_gpu_rps", "gives_way",
     "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
     "kv_transfer_s_p99", "kv_wait_s_p99", *(f"{p}_util" for p in POOLS), "search", "probes",
+)  # fmt: skip
+# NAME.probes.csv: each search's every probe, the job's first.
+PROBE_COLUMNS = (
+    "job", "workload", "layout", *PROBE_FIGURES, "kv_transfer_s_p99", "kv_wait_s_p99",
 )  # fmt: skip
 
 
@@ -127,16 +135,17 @@ def run_search(search: Search, s: Settings) -> dict[str, Any]:
     probes' run folders go to a temporary folder: the table keeps what they measured."""
     slo = (search.ttft_s, search.tpot_s)
     with tempfile.TemporaryDirectory() as runs, contextlib.redirect_stdout(io.StringIO()):
-        prober = Prober([*BASE, *search.overrides], slo, s.attainment, Path(runs))
+        prober = Prober([*BASE, *search.overrides], Path(runs), slo)
         prober.say = lambda text: None
-        result = find_goodput(
+        result = find_capacity(
             prober,
+            [attainment_condition(s.attainment)],
             search.low,
             search.low * s.growth,
-            s.attainment,
-            s.tolerance,
+            tolerance=s.tolerance,
             growth=s.growth,
             max_probes=s.max_probes,
+            on_probe=prober.record,
         )
     at = {row["rate_rps"]: i for i, row in enumerate(prober.rows)}
     best = prober.summaries[at[result.goodput]] if result.goodput in at else {}
@@ -157,6 +166,10 @@ def run_search(search: Search, s: Settings) -> dict[str, Any]:
         "ttft_slo_s": search.ttft_s,
         "tpot_slo_s": search.tpot_s,
         "profile": {k: best.get(k) for k in ("cost_model", "profile", "hardware")},
+        "probe_rows": [
+            {"job": search.job, "workload": search.workload, "layout": search.layout, **r}
+            for r in prober.rows
+        ],
     }
     return row
 
@@ -235,7 +248,8 @@ def write_report(
         "of the run at the goodput. *_util: a pool's replicas' device-busy seconds over "
         "the makespan, averaged over the pool (empty: no such pool). kv_transfer_s_p99: "
         "from the reservation to the last byte landed; kv_wait_s_p99: a request's wait at "
-        "its prefill replica for a decode replica's blocks."
+        "its prefill replica for a decode replica's blocks. Every probe of every search, "
+        f"with its run's figures: {name}.probes.csv."
     )
     md = write_table(out, name, rows, COLUMNS, title, note, heading)
     for r in rows:
@@ -256,6 +270,8 @@ def study(name: str, title: str, sweep_dir: Path, params: dict[str, Any]) -> Pat
     check_same_work(load_sweep(sweep_dir), lambda run: OmegaConf.to_yaml(run.config.workload))
     began = time.perf_counter()
     rows = search_all(searches, s)
+    probes = [probe for row in rows for probe in row.pop("probe_rows")]
+    write_csv(probes, PROBE_COLUMNS, sweep_dir / f"{name}.probes.csv")
     return write_report(name, title, rows, s, sweep_dir, time.perf_counter() - began)
 
 

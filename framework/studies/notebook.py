@@ -31,7 +31,6 @@ from framework.run.compose import compose_config, compose_sweep_config
 from framework.run.errors import Refused, UserError
 from framework.run.observers import run_with_observers
 from framework.studies.goodput import OUT, report, write_report
-from framework.studies.goodput_probes import COLUMNS as PROBE_COLUMNS
 from framework.studies.goodput_probes import search
 from framework.tracking.run_files import read_text, run_file
 from framework.tracking.sweep_table import job_row, read_plan
@@ -60,7 +59,7 @@ class GoodputResults:
     bracket: tuple[float | None, float | None]  # (highest rate met, lowest rate missed)
     line: str  # the headline, as the command prints it
     warning: str | None  # the run at the goodput may not have kept up with its rate
-    probes: pd.DataFrame  # one row per simulated run, in the order made (goodput.csv)
+    probes: pd.DataFrame  # one row per simulated run, in the order made: every metric
     report: dict[str, Any]  # goodput.json
     folder: Path  # where goodput.md, goodput.csv and goodput.json were written
 
@@ -180,7 +179,7 @@ def goodput(
         bracket=(result.low, result.high),
         line=data["line"],
         warning=data["warning"],
-        probes=pd.DataFrame(prober.rows, columns=list(PROBE_COLUMNS)),
+        probes=pd.DataFrame(prober.rows),
         report=data,
         folder=folder,
     )
