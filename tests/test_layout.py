@@ -33,7 +33,9 @@ MAY_IMPORT = {
     "tracking": set(),  # MLflow, progress and plots read files and configs, not the engine
     "run": {"api", "engine", "executors", "workloads", "tracking"},
     "serve": {"api", "engine", "executors", "workloads", "tracking", "run"},  # a run, online
-    "studies": {"engine", "run", "tracking"},  # runs, sweeps and searches, compared
+    # runs, sweeps and searches, compared; a reproduction builds its workloads once and reads
+    # the simulated GPU's specs and model shapes its set-up is stated in
+    "studies": {"api", "engine", "executors", "workloads", "run", "tracking"},
     "calibration": {"engine", "executors", "workloads", "run", "tracking"},  # writes profiles
 }
 
