@@ -18,16 +18,13 @@ import pytest
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.load import load_cost_model
 from framework.studies.reproductions import command
+from framework.studies.reproductions.distserve_cells import PUBLISHED
 from framework.studies.reproductions.distserve_costs import (
     decode_ms,
     prefill_ms,
     write_profiles,
 )
-from framework.studies.reproductions.distserve_toy import (
-    PUBLISHED,
-    diagnosis_profiles,
-    prefills_for,
-)
+from framework.studies.reproductions.distserve_toy import diagnosis_profiles, prefills_for
 from framework.studies.reproductions.reproduction import Context
 from tests.helpers import assert_refused
 

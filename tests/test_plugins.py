@@ -743,7 +743,16 @@ def test_cli_help_lists_plugins_and_reports_a_broken_one(
     proc = run_cli(["--help"], [example_site, broken_dist(tmp_path / "broken")], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     groups = choice_groups(proc.stdout)
-    schedulers = {"aged_sjf", "chunked", "continuous", "lpm", "prefill_first", "priority", "sjf", "static"}
+    schedulers = {
+        "aged_sjf",
+        "chunked",
+        "continuous",
+        "lpm",
+        "prefill_first",
+        "priority",
+        "sjf",
+        "static",
+    }
     assert set(groups["scheduler"]) == schedulers
     assert set(groups["preemption"]) == {"lowest_priority", "priority", "recompute"}
     # a third party's choice has its docstring's line and names its distribution
