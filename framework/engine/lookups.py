@@ -60,9 +60,10 @@ class Lookups:
         """`view.admits`: whether the pool can place `seq`'s blocks after this step's earlier
         admissions (under contiguous extents, free blocks must stand together), and the
         allocator's veto."""
-        return self.pool.would_place(self.price(seq), free_blocks) and self.p.allocator.admits(
-            view, seq, free_blocks
-        )
+        # Any free block serves a paged pool: the price was already held to `free_blocks`.
+        if self.pool.layout != "paged" and not self.pool.would_place(self.price(seq), free_blocks):
+            return False
+        return self.p.allocator.admits(view, seq, free_blocks)
 
     def price(self, seq: Sequence) -> int:
         """`view.blocks_to_admit`: the free blocks admitting `seq` takes, the allocator's
