@@ -390,6 +390,38 @@ def test_malformed_requests_get_4xx_in_the_error_schema(tiny, tmp_path) -> None:
     assert metrics["requests_rejected"] == 1  # the one too long for the context
 
 
+def test_an_api_key_and_a_body_bound_are_refused_in_the_error_schema(
+    tiny, tmp_path, monkeypatch
+) -> None:
+    """`server.api_key` (here from NANOSERVE_API_KEY): no key or a wrong one is 401 on every
+    /v1 route, /health stays open; a body over `server.max_body_bytes` is 413 before it is
+    parsed. Each refusal is OpenAI's error schema, and the next request is served."""
+    monkeypatch.setenv("NANOSERVE_API_KEY", "sesame")
+    with served(tmp_path, *FIXED, "server.max_body_bytes=2000", loaded=loaded(tiny)) as s:
+        with httpx.Client(base_url=s.url, timeout=30) as http:
+            body = {"prompt": "Hi", "max_tokens": 2}
+            for headers in ({}, {"Authorization": "Bearer open"}, {"Authorization": "sesame"}):
+                r = http.post("/v1/completions", json=body, headers=headers)
+                assert r.status_code == 401, r.text
+                error = r.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"}
+                assert error["type"] == "authentication_error"
+                assert error["code"] == "invalid_api_key"
+            assert http.get("/v1/models").status_code == 401
+            assert http.get("/health").status_code == 200
+            key = {"Authorization": "Bearer sesame"}
+            assert http.get("/v1/models", headers=key).status_code == 200
+            big = {"prompt": "word " * 1000, "max_tokens": 2}
+            r = http.post("/v1/completions", json=big, headers=key)
+            assert r.status_code == 413, r.text
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error" and "2000" in error["message"]
+            r = http.post("/v1/completions", json=body, headers=key)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="sesame", max_retries=0)
+        assert client.completions.create(prompt="Hi", model="tiny", max_tokens=2).usage
+
+
 def test_paced_simulator_sends_no_token_before_its_predicted_time(tmp_path) -> None:
     """An 8B on an analytic H100, paced on the wall clock: each token reaches the client no
     sooner after the request left than the profile says it exists after its arrival.

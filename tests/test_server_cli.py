@@ -86,6 +86,8 @@ def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None
         ("executor.pace=wall", "executor.pace=wall applies to executor=simulated"),
         ("server.port=70000", "server.port must be 0"),
         ("server.max_waiting=-1", "server.max_waiting must be >= 0"),
+        ("server.max_body_bytes=0", "server.max_body_bytes must be >= 1"),
+        ("server.api_key=' '", "server.api_key must not be empty"),
         ("server.bogus=1", "server.bogus is not a setting of the server group"),
         ("cluster.replicas=2", "serve.py serves one engine"),
     ],

@@ -25,6 +25,13 @@ class ServerConfig:
     # runs until stopped. For tests and bounded benchmarks.
     stop_after_s: float | None = None
     stop_after_requests: int | None = None
+    # The key a client must send as `Authorization: Bearer KEY` on every /v1 route, as vLLM's
+    # --api-key; else 401. null: the NANOSERVE_API_KEY environment variable, and if that is
+    # unset, no key (anyone who reaches the port is served).
+    api_key: str | None = None
+    # The largest request body accepted, in bytes; a larger one is answered 413 before it
+    # is parsed. null: no bound.
+    max_body_bytes: int | None = 4_194_304
 
 
 def check_server(s: Any) -> None:
@@ -35,6 +42,12 @@ def check_server(s: Any) -> None:
         raise ValueError(
             f"server.max_waiting must be >= 0, or null (no bound); got {s.max_waiting}"
         )
+    if s.max_body_bytes is not None and s.max_body_bytes < 1:
+        raise ValueError(
+            f"server.max_body_bytes must be >= 1, or null (no bound); got {s.max_body_bytes}"
+        )
+    if s.api_key is not None and not str(s.api_key).strip():
+        raise ValueError("server.api_key must not be empty (null: NANOSERVE_API_KEY, or none)")
     if s.shutdown_timeout_s < 0:
         raise ValueError(f"server.shutdown_timeout_s must be >= 0; got {s.shutdown_timeout_s}")
     if s.stop_after_s is not None and not s.stop_after_s > 0:

@@ -5,6 +5,7 @@ and answers from the events the loop sends back: all at once, or as server-sent 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,8 @@ class ServerState:
     metrics: ServerMetrics
     describe: dict[str, Any]  # what serves: executor, cost model, profile, policies
     max_model_len: int
+    api_key: str | None = None  # the Bearer key every /v1 route asks for (None: none)
+    max_body_bytes: int | None = None  # the largest body accepted (None: no bound)
     on_request_done: Callable[[], None] = lambda: None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -58,6 +61,17 @@ def create_app(state: ServerState) -> FastAPI:
         """A request arrives when its headers do, before its body is read and parsed: the
         server's own TTFT then covers all the server did for it."""
         request.state.received = state.loop.elapsed()
+        return await call_next(request)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        """The API's own refusals, before a body is parsed: a missing or wrong key (401),
+        a body over `server.max_body_bytes` (413). /health and /metrics stay open, for the
+        load balancer and the scraper."""
+        if request.url.path.startswith("/v1/"):
+            refused = await refusal(state, request)
+            if refused is not None:
+                return errors.error_response(refused)
         return await call_next(request)
 
     @app.get("/health")
@@ -97,6 +111,30 @@ def create_app(state: ServerState) -> FastAPI:
         return await generate(state, body, state.prompts.chat(body), True, request)
 
     return app
+
+
+async def refusal(state: ServerState, request: Request) -> ApiError | None:
+    """Why the server refuses `request` before reading it as an API call, if it does."""
+    if state.api_key is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
+            return ApiError(
+                401,
+                "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                code="invalid_api_key",
+            )
+    limit = state.max_body_bytes
+    if limit is None or request.method != "POST":
+        return None
+    length = request.headers.get("content-length")
+    size = int(length) if length is not None and length.isdigit() else len(await request.body())
+    if size > limit:
+        return ApiError(
+            413,
+            f"the request body is {size} bytes; this server accepts at most {limit} "
+            "(server.max_body_bytes)",
+        )
+    return None
 
 
 async def generate(

@@ -16,6 +16,8 @@ TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    411: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "internal_error",
     503: "service_unavailable",

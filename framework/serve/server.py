@@ -10,6 +10,7 @@ reason `abort`), the engine runs empty and its books are checked (`Engine.finish
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -145,6 +146,8 @@ def serve_http(
         metrics=metrics,
         describe=said,
         max_model_len=engine.limits.max_model_len,
+        api_key=cfg.server.api_key or os.environ.get("NANOSERVE_API_KEY") or None,
+        max_body_bytes=cfg.server.max_body_bytes,
         on_request_done=done.tick,
     )
     config = uvicorn.Config(
