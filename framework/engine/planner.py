@@ -100,8 +100,9 @@ class Planner:
         if not paused:
             return list(self.running)
         new = set(map(id, admitted))
+        running = set(map(id, self.running))
         for seq in paused:
-            if seq not in self.running or id(seq) in new:
+            if id(seq) not in running or id(seq) in new:
                 raise self.fail("scheduler", f"paused {seq.id}, not a running row admitted before")
         out = set(map(id, paused))
         rows = [s for s in self.running if id(s) not in out]
