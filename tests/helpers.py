@@ -24,6 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 register_configs()
 
 
+# A small simulated workload on the tiny model's shape: a capacity search's probes in
+# a fraction of a second each.
+SMALL = [
+    "executor=simulated",
+    "model=tiny",
+    "workload=synthetic",
+    "workload.num_requests=40",
+    "workload.prompt_len_max=128",
+    "workload.output_len_max=32",
+]
+
+
 def make_cfg(*overrides: str) -> DictConfig:
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         return compose(config_name="config", overrides=list(overrides))

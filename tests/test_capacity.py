@@ -28,16 +28,7 @@ from framework.studies.slo import (
     metric_names,
     parse_condition,
 )
-from tests.helpers import assert_refused
-
-SMALL = [
-    "executor=simulated",
-    "model=tiny",
-    "workload=synthetic",
-    "workload.num_requests=40",
-    "workload.prompt_len_max=128",
-    "workload.output_len_max=32",
-]
+from tests.helpers import SMALL, assert_refused
 
 
 # ---- conditions ---------------------------------------------------------------------------

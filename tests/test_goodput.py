@@ -18,7 +18,7 @@ from framework.studies.goodput import main
 from framework.studies.goodput_report import sustained_warning
 from framework.studies.goodput_search import CapacityResult, find_capacity
 from framework.studies.slo import attainment, attainment_condition, slo_met
-from tests.helpers import assert_refused
+from tests.helpers import SMALL, assert_refused
 
 TTFT, TPOT = 0.5, 0.0625  # binary fractions: the boundary cases below are exact
 
@@ -148,16 +148,6 @@ def test_bracket_grows_geometrically_until_a_probe_misses() -> None:
 def test_search_refuses_an_empty_bracket() -> None:
     with pytest.raises(ValueError, match="0 < low < high"):
         search_attainment(lambda rate: 1.0, 2.0, 2.0, 0.9, 0.05)
-
-
-SMALL = [
-    "executor=simulated",
-    "model=tiny",
-    "workload=synthetic",
-    "workload.num_requests=40",
-    "workload.prompt_len_max=128",
-    "workload.output_len_max=32",
-]
 
 
 def test_goodput_end_to_end_on_the_tiny_model(

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from framework.run.errors import UserError
 from framework.studies.notebook import goodput, read_run, run, sweep
-from tests.helpers import cli
+from tests.helpers import SMALL, cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,16 +114,6 @@ def test_a_sweep_returns_one_row_per_point(tmp_path: Path) -> None:
     with (tmp_path / "sweep.csv").open() as f:
         table = list(csv.DictReader(f))
     assert [int(r["token_slots"]) for r in table] == list(points["token_slots"])
-
-
-SMALL = [
-    "executor=simulated",
-    "model=tiny",
-    "workload=synthetic",
-    "workload.num_requests=40",
-    "workload.prompt_len_max=128",
-    "workload.output_len_max=32",
-]
 
 
 def test_a_capacity_search_returns_its_goodput_and_every_probe(tmp_path: Path) -> None:
