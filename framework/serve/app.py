@@ -149,10 +149,14 @@ async def generate(
         )
     spec = state.prompts.spec(body, ids, "chat" if chat else "completion")
     loop = state.loop
-    if state.max_waiting is not None and loop.waiting() >= state.max_waiting:
+    # One read: the engine's thread moves the count meanwhile, and the message must give
+    # the number the refusal was decided on.
+    waiting = loop.waiting()
+    if state.max_waiting is not None and waiting >= state.max_waiting:
+        state.metrics.refuse(429)
         raise ApiError(
             429,
-            f"{loop.waiting()} requests are waiting, the bound (server.max_waiting) is "
+            f"{waiting} requests are waiting, the bound (server.max_waiting) is "
             f"{state.max_waiting}: try again later",
         )
     received = getattr(request.state, "received", None)
@@ -161,7 +165,9 @@ async def generate(
     first = await stream.events.get()
     if first.rejected is not None:
         if loop.closing:
+            state.metrics.refuse(503)
             raise ApiError(503, "the server is shutting down")
+        state.metrics.refuse(400)
         raise ApiError(
             400, f"this request can never be served here: {first.rejected}", "max_tokens"
         )

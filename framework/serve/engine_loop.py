@@ -70,6 +70,7 @@ class EngineState:
 
     running: int = 0
     waiting: int = 0  # in the engine, not yet running
+    accepted: int = 0  # taken into the engine (not rejected), so far
     blocks_used: int = 0
     blocks_total: int = 0
     prefix_query_tokens: int = 0
@@ -82,11 +83,12 @@ class EngineState:
     steps: int = 0
 
     @classmethod
-    def of(cls, e: Engine) -> EngineState:
+    def of(cls, e: Engine, accepted: int = 0) -> EngineState:
         c = e.counters
         return cls(
             running=len(e.running),
             waiting=len(e.waiting) + len(e.pending),
+            accepted=accepted,
             blocks_used=e.pool.num_used,
             blocks_total=e.pool.num_blocks,
             prefix_query_tokens=c.prefix_query_tokens,
@@ -121,6 +123,7 @@ class EngineLoop:
         self.live: dict[Sequence, Stream] = {}
         self._queued = 0  # submitted, not yet counted in `state`
         self._taken = 0  # taken into the engine since `state` was last taken
+        self._accepted = 0  # taken in and not rejected (the loop's thread only)
         self._lock = threading.Lock()  # `_queued` and `state` change together under it
         self.state = EngineState()
         self._last_arrival = 0.0
@@ -225,7 +228,7 @@ class EngineLoop:
 
     def _take_state(self) -> None:
         with self._lock:
-            self.state = EngineState.of(self.engine)
+            self.state = EngineState.of(self.engine, self._accepted)
             self._queued -= self._taken
             self._taken = 0
 
@@ -241,6 +244,7 @@ class EngineLoop:
             return
         stream.seq = seq
         self.live[seq] = stream
+        self._accepted += 1
         stream.put(Event(accepted=True))
 
     def _abort(self, stream: Stream, reason: str) -> None:

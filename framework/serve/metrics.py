@@ -75,6 +75,9 @@ class EngineCollector(Collector):
         yield counter("num_preemptions", "Requests preempted.", st.preemptions)
         yield counter("prompt_tokens", "Prefill tokens computed.", st.prefill_tokens)
         yield counter("generation_tokens", "Output tokens delivered.", st.tokens_kept)
+        yield counter(
+            "request_accepted", "Requests taken into the engine (not refused).", st.accepted
+        )
         yield counter("request_aborted", "Requests aborted: their client went away.", st.aborted)
         yield counter(
             "overshoot_tokens", "Tokens sampled past a stop (deferred output).", st.overshoot_tokens
@@ -120,6 +123,17 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
+        self.refused = Counter(
+            P + "request_refused",
+            "Requests refused at admission, by HTTP status (429: the queue bound).",
+            ["model_name", "status"],
+            registry=self.registry,
+        )
+
+    def refuse(self, status: int) -> None:
+        """A request refused at admission (from the HTTP thread): with `request_accepted`,
+        every request that reached the engine's door is counted once, either way."""
+        self.refused.labels(self.model_name, str(status)).inc()
 
     def finished(self, seq: Sequence) -> None:
         """A request finished (from the engine thread): its latencies, unless aborted."""
