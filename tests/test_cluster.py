@@ -169,7 +169,7 @@ def test_a_third_party_router_runs_from_the_command_line(
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert [r["requests"] for r in metrics["replicas"]] == [0, 0, 8]
     lines = (tmp_path / "requests.csv").read_text().splitlines()
-    assert lines[0].endswith(",replica") and all(x.endswith(",2") for x in lines[1:])
+    assert lines[0].endswith(",replica,replicas") and all(x.endswith(",2,2") for x in lines[1:])
     steps = (tmp_path / "steps.csv").read_text().splitlines()
     assert steps[0].endswith(",replica") and len(steps) == metrics["steps"] + 1
     drawn = {p.name for p in save_run_plots(tmp_path)}

@@ -42,6 +42,16 @@ SHRINK = {
         "workload.time_scale=0",
         "scheduler=static,sjf",
     ],
+    # The first 30 requests of the Mooncake slice stretched to about 80 s, so that replica
+    # 1's failure at 60 s falls inside the run; one router; a pool the tiny model's size
+    # (the experiment's 60 GB of it would be millions of blocks).
+    "failover": [
+        "engine.kv_memory_mb=16",
+        "workload.limit=30",
+        "workload.time_scale=10",
+        "workload.max_output_tokens=8",
+        'hydra.sweeper.params.router="round_robin"',
+    ],
 }
 
 
@@ -126,7 +136,7 @@ def test_batching_study(batching: Path, uri: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "runs"), [("allocation", 2), ("deferral", 2), ("trace", 4)]
+    ("name", "runs"), [("allocation", 2), ("deferral", 2), ("trace", 4), ("failover", 2)]
 )  # fmt: skip
 def test_study_writes_every_column(name: str, runs: int, tmp_path: Path, uri: str) -> None:
     if name == "trace" and not TRACE.is_file():
@@ -175,7 +185,22 @@ def trace_holds(rows: list[dict[str, str]]) -> None:
         assert f(r, "goodput_rps") == pytest.approx(met / f(r, "makespan_s"))
 
 
-CHECKS = {"allocation": allocation_holds, "deferral": deferral_holds, "trace": trace_holds}
+def failover_holds(rows: list[dict[str, str]]) -> None:
+    """The same requests finish with and without replica 1's failure (the study has checked
+    they got the same tokens); only the faulted run counts a failure."""
+    by = {r["fault"]: r for r in rows}
+    assert set(by) == {"none", "1 down 60-180 s"}
+    assert by["none"]["requests_finished"] == by["1 down 60-180 s"]["requests_finished"]
+    assert by["none"]["replica_failures"] == by["none"]["requests_rerouted"] == "0"
+    assert by["1 down 60-180 s"]["replica_failures"] == "1"
+
+
+CHECKS = {
+    "allocation": allocation_holds,
+    "deferral": deferral_holds,
+    "trace": trace_holds,
+    "failover": failover_holds,
+}
 
 
 def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: Path) -> None:

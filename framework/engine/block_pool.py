@@ -78,6 +78,12 @@ class BlockPool:
         self._free.extend(blocks)
 
     # ---- placing a step's admissions: any free blocks will do ----------------------------
+    def forget_all(self) -> None:
+        """The device is lost (a replica's failure): no block may still be held, and nothing
+        it cached survives (a pool that caches nothing has nothing to forget)."""
+        if self.num_used:
+            raise BlockPoolError(f"{self.num_used} blocks still held when the KV was lost")
+
     def forget_trials(self) -> None:
         """A new choice of admissions begins (a layout of extents places them on trial)."""
 

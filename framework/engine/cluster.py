@@ -19,9 +19,16 @@ every replica `mixed` that is every replica, and the replay is the plain cluster
 Under `executor.host_time=measured` a replica's clock counts only the real time of its own
 steps: it is paused while the others step and while the router decides.
 
+Replica failures (`cluster.faults`, `framework.engine.outages`) are events of the same axis
+(`framework.engine.failover`): a replica that fails loses what it held
+(`framework.engine.replica_loss`); the unfinished requests go back to the router, which
+places them on the live replicas (a request arriving while none is live waits for the
+first to come back); routers see only the live replicas; a replica back starts empty.
+
 So every step of every replica happens in time order with the arrivals, and nothing sleeps:
 a whole trace replays in the time its steps take to price. Every request is routed exactly
-once, checked as it is routed and again at the end (`check_served_once`).
+once (and again only after a failure took it), checked as it is routed and again at the end
+(`check_served_once`).
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ from dataclasses import dataclass
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
+from framework.engine.failover import FaultSchedule
 from framework.engine.handoff import HandOffs
 from framework.engine.link import TransferRecord
 from framework.engine.loop import Engine, RunResult
+from framework.engine.outages import Outage, OutageRecord
 from framework.engine.request import RequestSpec
+from framework.engine.sequence import Sequence, Status
 
 
 @dataclass
@@ -42,13 +52,16 @@ class ClusterResult:
     """Each replica's own result, and which replica served each request (by id): the one
     the router chose (for a request handed off, its prefill replica). With disaggregation,
     also each replica's role, the decode replica of each request handed off, and every
-    transfer; None without."""
+    transfer; None without. Each request's replicas in the order it was placed on them
+    (more than one after a failure), and the outages as they happened."""
 
     replicas: list[RunResult]
     replica_of: dict[str, int]
     roles: list[str] | None = None
     decode_of: dict[str, int] | None = None
     transfers: list[TransferRecord] | None = None
+    replicas_of: dict[str, list[int]] | None = None
+    outages: list[OutageRecord] | None = None
 
 
 class Cluster:
@@ -60,6 +73,7 @@ class Cluster:
         provider: str | None = None,
         roles: list[str] | None = None,
         handoffs: HandOffs | None = None,
+        outages: list[Outage] | None = None,
     ) -> None:
         if not engines:
             raise ValueError("cluster.replicas must be >= 1")
@@ -80,8 +94,13 @@ class Cluster:
             if r == "prefill":
                 engines[i].tokens_here = 1  # its first token, then the request is handed off
         self.handoffs = handoffs if "prefill" in role else None
+        if outages and roles is not None:
+            raise ValueError("cluster.faults apply to replicas of one role (no cluster.roles)")
+        self.faults = FaultSchedule(outages, engines) if outages else None
+        self.capable = list(self.prefill_ids)
         self.views = tuple(ReplicaView(j, engines[i]) for j, i in enumerate(self.prefill_ids))
         self.replica_of: dict[str, int] = {}
+        self.replicas_of: dict[str, list[int]] = {}
         # Replicas idle with requests waiting that their blocks, held for KV transfers, keep
         # out: they step again at their next arrival, when a transfer frees their blocks, or
         # when a request's KV lands.
@@ -92,6 +111,7 @@ class Cluster:
         if len(set(ids)) != len(ids):
             raise ValueError("workload request ids must be unique")
         arrivals = sorted(specs, key=lambda s: s.arrival)
+        self._eos = eos_token_id
         for e in self.engines:
             e.prepare()
             e.clock.start()
@@ -101,13 +121,18 @@ class Cluster:
         inf = float("inf")
         upcoming = [self._next_time(i) for i in range(len(self.engines))]
         order = range(len(self.engines))
-        moves = self.handoffs
+        moves, faults = self.handoffs, self.faults
         i = 0
         while True:
             first = min(order, key=upcoming.__getitem__)  # ties: the lowest replica
             soonest = upcoming[first]
             if i < len(arrivals):
                 soonest = min(soonest, arrivals[i].arrival)
+            f = faults.next_time() if faults is not None else inf
+            if f <= soonest and f < inf and (soonest < inf or faults.orphans):  # type: ignore[union-attr]
+                for index in self._fault(f):
+                    upcoming[index] = self._next_time(index)
+                continue
             t = moves.next_time() if moves is not None else inf
             if moves is not None and t <= soonest and t < inf:
                 for src, dst in moves.advance(t):
@@ -116,7 +141,8 @@ class Cluster:
                     upcoming[dst] = self._next_time(dst)  # the request's KV has landed
             elif i < len(arrivals) and arrivals[i].arrival <= upcoming[first]:
                 chosen = self._route(arrivals[i], eos_token_id)
-                upcoming[chosen] = self._next_time(chosen)
+                if chosen is not None:
+                    upcoming[chosen] = self._next_time(chosen)
                 i += 1
             elif upcoming[first] == inf:
                 if moves is not None and moves.unreserved:
@@ -140,6 +166,52 @@ class Cluster:
                             upcoming[dst] = self._next_time(dst)
         return self.finish(specs)
 
+    def _fault(self, at: float) -> list[int]:
+        """The next failure or return, at `at`: the replicas whose next step time changed."""
+        faults = self.faults
+        assert faults is not None
+        event = faults.pop()
+        r, engine = event.replica, self.engines[event.replica]
+        engine.clock.wait_until(at)
+        if event.down:
+            copies = engine.fail()
+            faults.went_down(r, at, len(copies))
+            held: list[RequestSpec | Sequence] = list(copies)
+        else:
+            faults.came_up(r, at)
+            held, faults.orphans = list(faults.orphans), type(faults.orphans)()
+        self._live()
+        touched = {r}
+        for item in held:
+            placed = self._place(item, at)
+            if placed is not None:
+                touched.add(placed)
+        return sorted(touched)
+
+    def _live(self) -> None:
+        """Routers see the live replicas alone, numbered 0..k-1 in replica order."""
+        down = self.faults.down if self.faults is not None else set()
+        self.prefill_ids = [i for i in self.capable if i not in down]
+        self.views = tuple(ReplicaView(j, self.engines[i]) for j, i in enumerate(self.prefill_ids))
+
+    def _place(self, item: RequestSpec | Sequence, at: float) -> int | None:
+        """A request held for want of a live replica, or a failed replica's copy of one,
+        routed now (`at`); held again while no replica is live."""
+        if isinstance(item, RequestSpec):
+            return self._route(item, self._eos, at)
+        if not self.views:
+            self.faults.orphans.append(item)  # type: ignore[union-attr]
+            return None
+        view = ClusterView(now=at, replicas=self.views)
+        chosen = route(self.router, view, item.spec, {}, self.name, self.provider)
+        replica = self.prefill_ids[chosen]
+        engine = self.engines[replica]
+        engine.clock.wait_until(at)  # an idle replica's clock gets to now; a busy one is there
+        engine.take_over(item)
+        self.replica_of[item.id] = replica
+        self.replicas_of[item.id].append(replica)
+        return replica
+
     def _next_time(self, index: int) -> float:
         """When the replica's next step begins: now, or its next arrival (or KV landing)
         when idle or stalled; inf when it has nothing to do."""
@@ -156,8 +228,14 @@ class Cluster:
             self.stalled.discard(index)
             self.engines[index].clock.wait_until(t)
 
-    def _route(self, spec: RequestSpec, eos_token_id: int | None) -> int:
-        view = ClusterView(now=spec.arrival, replicas=self.views)
+    def _route(
+        self, spec: RequestSpec, eos_token_id: int | None, at: float | None = None
+    ) -> int | None:
+        """`spec` routed at its arrival, or at `at` when it waited for a live replica."""
+        if not self.views:  # every replica is down: it waits for the first back
+            self.faults.orphans.append(spec)  # type: ignore[union-attr]
+            return None
+        view = ClusterView(now=spec.arrival if at is None else at, replicas=self.views)
         scope = (
             "the cluster has replicas"
             if len(self.views) == len(self.engines)
@@ -166,6 +244,7 @@ class Cluster:
         chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider, scope)
         replica = self.prefill_ids[chosen]
         self.replica_of[spec.id] = replica
+        self.replicas_of[spec.id] = [replica]
         self.engines[replica].submit(spec, eos_token_id)
         return replica
 
@@ -175,7 +254,7 @@ class Cluster:
     def finish(self, specs: list[RequestSpec]) -> ClusterResult:
         results = [e.finish() for e in self.engines]
         decode_of = self.handoffs.decode_of if self.handoffs is not None else None
-        check_served_once(specs, results, self.replica_of, decode_of)
+        check_served_once(specs, results, self.replica_of, decode_of, self.replicas_of)
         if self.handoffs is not None:
             self.handoffs.check_end(len(specs))
         return self._result(results)
@@ -188,6 +267,8 @@ class Cluster:
             roles=list(self.roles) if self.roles is not None else None,
             decode_of=dict(moves.decode_of) if moves is not None else None,
             transfers=list(moves.records) if moves is not None else None,
+            replicas_of={k: list(v) for k, v in self.replicas_of.items()},
+            outages=list(self.faults.records) if self.faults is not None else None,
         )
 
 
@@ -225,15 +306,22 @@ def check_served_once(
     results: list[RunResult],
     replica_of: dict[str, int],
     decode_of: dict[str, int] | None = None,
+    replicas_of: dict[str, list[int]] | None = None,
 ) -> None:
     """Every request of the workload is held by exactly one replica, the one it was routed
     to, and no replica holds a request that was not routed to it. A request handed off is
     held, beside, by its decode replica alone, as a copy that arrived with its first
-    tokens (`carried`): prefilled once, decoded once."""
+    tokens (`carried`): prefilled once, decoded once. A request a failure took from a
+    replica is held there as lost, once for each time it was placed there before its last
+    placement (`replicas_of`), and served by the last alone."""
     seen: dict[str, int] = {}
     copies: dict[str, int] = {}
+    lost: dict[str, list[int]] = {}
     for index, result in enumerate(results):
         for seq in result.seqs:
+            if seq.status is Status.LOST:
+                lost.setdefault(seq.id, []).append(index)
+                continue
             held = copies if seq.carried else seen
             if seq.id in held:
                 raise AssertionError(f"{seq.id} is held by replicas {held[seq.id]} and {index}")
@@ -249,3 +337,8 @@ def check_served_once(
     wrong = [k for k, v in seen.items() if replica_of.get(k) != v]
     if wrong:
         raise AssertionError(f"{wrong[:5]} are held by another replica than they were routed to")
+    history = replicas_of or {}
+    twice = [k for k, v in lost.items() if sorted(v) != sorted(history.get(k, [])[:-1])]
+    twice += [k for k, v in history.items() if len(v) > 1 and k not in lost]
+    if twice:
+        raise AssertionError(f"{twice[:5]} were lost by replicas they were not placed on")

@@ -81,8 +81,8 @@ class Counters:
         0  # tokens whose K/V was computed, dropped by preemption, computed again
     )
     transfers: int = 0  # device-to-host readbacks of sampled tokens
-    # Output accounting: deferred = tokens_kept + overshoot + held, always. No held token is
-    # ever lost to a preemption: held tokens come home before any row is preempted
+    # Output accounting: deferred = tokens_kept + overshoot + held + lost, always. No held
+    # token is ever lost to a preemption: held tokens come home before any row is preempted
     # (`Planner.grow`, `Planner.displace`; `Planner.preempt` refuses a row with one).
     deferred_tokens: int = 0  # sampled for a live request and held on the device
     held_tokens: int = 0  # of those, still on the device
@@ -111,3 +111,8 @@ class Counters:
     kv_internal_slot_s: float = 0.0
     kv_external_slot_s: float = 0.0
     kv_overhang_slots: int = 0
+    # A replica lost (`cluster.faults`): tokens sampled on its device and never read back,
+    # gone with it (deferred = kept + overshoot + held + lost); and the positions it had
+    # computed for the requests it held that a live replica computes again.
+    lost_tokens: int = 0
+    failure_recomputed_tokens: int = 0

@@ -67,10 +67,10 @@ def check_step(
     except BlockPoolError as exc:
         raise InvariantError(str(exc)) from exc
     c = counters
-    if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.held_tokens:
+    if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.held_tokens + c.lost_tokens:
         raise InvariantError(
             f"token conservation broken: deferred {c.deferred_tokens} != kept {c.tokens_kept}"
-            f" + overshoot {c.overshoot_tokens} + held {c.held_tokens}"
+            f" + overshoot {c.overshoot_tokens} + held {c.held_tokens} + lost {c.lost_tokens}"
         )
     if held_steps > window:
         raise InvariantError(
@@ -106,16 +106,18 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
     """Every request accounted for, every block home, every token owed delivered. A request
     handed off to a decode replica (`TRANSFERRED`) owes the rest there: here it delivered
     its first tokens; a decode replica's copy delivered all but those it `carried`."""
-    done = (Status.RELEASED, Status.REJECTED, Status.TRANSFERRED)
+    done = (Status.RELEASED, Status.REJECTED, Status.TRANSFERRED, Status.LOST)
     lost = [s.id for s in seqs if s.status not in done]
     if lost:
         raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
     if held or counters.held_tokens:
         raise InvariantError(f"{len(held)} steps of sampled tokens never reached the host")
-    if counters.deferred_tokens != counters.tokens_kept + counters.overshoot_tokens:
+    ends = counters.tokens_kept + counters.overshoot_tokens + counters.lost_tokens
+    if counters.deferred_tokens != ends:
         raise InvariantError(
             f"token conservation broken at the end: deferred {counters.deferred_tokens} != kept "
-            f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens}"
+            f"{counters.tokens_kept} + overshoot {counters.overshoot_tokens} + lost "
+            f"{counters.lost_tokens}"
         )
     if counters.kv_overhang_slots:
         raise InvariantError(
@@ -132,10 +134,14 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
                 raise InvariantError(f"rejected request {s.id} has output")
             continue
         n = len(s.output_token_ids)
-        delivered += n - s.carried
+        delivered += n - s.carried - s.rerouted
         stops = s.stop_ids
         if any(t in stops for t in s.output_token_ids[:-1]):
             raise InvariantError(f"{s.id} kept tokens after a stop token")
+        if s.status is Status.LOST:  # its replica failed: a copy elsewhere owes the rest
+            if s.finish_reason is not None or s.block_table:
+                raise InvariantError(f"{s.id} was lost with its replica finished or holding blocks")
+            continue
         if s.status is Status.TRANSFERRED:
             if s.finish_reason is not None or s.block_table or not n:
                 raise InvariantError(f"{s.id} was handed off finished, holding blocks or empty")

@@ -41,6 +41,7 @@ from framework.engine.planner import Planner
 from framework.engine.readback import Readback
 from framework.engine.rejection import why_never
 from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
+from framework.engine.replica_loss import lose_replica
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.settings import Limits, Policies
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from collections import deque
 
     from framework.engine.link import TransferRecord
+    from framework.engine.outages import OutageRecord
 
 
 @dataclass
@@ -77,6 +79,10 @@ class RunResult:
     decode_of: dict[str, int] | None = None
     transfers: list[TransferRecord] | None = None
     link: dict[str, Any] | None = None
+    # A cluster's: each request's replicas in placement order (more than one after a
+    # failure took it), and the outages as they happened (`cluster.faults`; None without).
+    replicas_of: dict[str, list[int]] | None = None
+    outages: list[OutageRecord] | None = None
 
 
 def describe(executor: Any) -> dict[str, str]:
@@ -252,6 +258,22 @@ class Engine:
         """End `seq` before its stop or length (`Aborts.abort`); between steps only."""
         if self.aborts.abort(seq, reason):
             self._notify([seq])
+
+    def fail(self) -> list[Sequence]:
+        """This replica is lost now (`replica_loss.lose_replica`): the copies of the
+        unfinished requests it held, for the cluster to re-route."""
+        return lose_replica(self)
+
+    def take_over(self, copy: Sequence) -> None:
+        """A request re-routed from a failed replica (`Sequence.rerouted_copy`) joins the
+        waiting queue now, behind those that have arrived here by now."""
+        self.seqs.append(copy)
+        self.planner.arrive(self.now())
+        reason = why_never(copy, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
+        if reason:
+            copy.status, copy.reject_reason = Status.REJECTED, reason
+        else:
+            self.planner.waiting.append(copy)
 
     def take_handed_off(self) -> list[HandOff]:
         """The requests handed off since the last call (a prefill replica's, each after its

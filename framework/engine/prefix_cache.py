@@ -303,6 +303,15 @@ class PrefixCachingPool(BlockPool):
                 self._chain[b] = None
                 self._free.append(b)
 
+    def forget_all(self) -> None:
+        """The device is lost: every cached prefix with it, each block free again."""
+        super().forget_all()
+        self.version += 1  # every lookup made so far is stale
+        while self._lru:
+            b, _ = self._lru.popitem(last=False)
+            self._forget(b)
+            self._free.append(b)
+
     def _victim(self) -> int:
         """The cached block to evict, taken off the LRU list."""
         if self.choose is None:
@@ -359,25 +368,16 @@ class PrefixCachingPool(BlockPool):
                 raise BlockPoolError(f"hash of block {b} does not name it")
 
     def check_tables(self, tables: dict[str, list[int]]) -> None:
-        """The per-step check of the running rows' block tables against the pool's books.
-
-        The whole check (`check_tables_full`) is O(table entries): with long prompts and many
-        rows that is ~100k entries a step, most of a simulated run's time. So every step
-        does O(rows + entries new since the last step):
-
-        - the tables' entries add up to the references the pool holds (a leak is caught at
-          once);
-        - each entry not checked before (a table's tail past what was checked at the last
-          step) is held by its owner exactly once and is not in the LRU list. A table that
-          was replaced (another list: the engine extends a row's table in place and gives
-          it a new list when it frees or re-admits the row), or shrank, or whose first or
-          last checked block changed, is checked whole again.
-
-        The whole check still runs once the steps since it last ran, times
-        `CHECK_ENTRIES_PER_STEP`, reach the entries (every step for small tables): its
-        cost per step stays bounded, and a reference count changed behind an entry already
-        checked is caught within entries / `CHECK_ENTRIES_PER_STEP` steps (and by `check()` at
-        the end of the run)."""
+        """The per-step check of the running rows' block tables against the pool's books,
+        in O(rows + entries new since the last step) (the whole check, O(entries), was most
+        of a simulated run's time with long prompts): the entries add up to the references
+        the pool holds (a leak is caught at once), and each entry not checked before is
+        held by its owner once and is not in the LRU list. A table replaced, shrunk, or
+        whose first or last checked block changed is checked whole again. The whole check
+        (`check_tables_full`) still runs once the steps since it last ran, times
+        `CHECK_ENTRIES_PER_STEP`, reach the entries: a count changed behind an entry already
+        checked is caught within entries / `CHECK_ENTRIES_PER_STEP` steps (and by `check()`
+        at the end of the run)."""
         total = 0
         for table in tables.values():
             total += len(table)

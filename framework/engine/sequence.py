@@ -24,6 +24,9 @@ class Status(enum.Enum):
     RECEIVING = "receiving"  # on its decode replica: blocks reserved, KV in flight or landed
     TRANSFERRED = "transferred"  # on its prefill replica: KV sent, blocks freed (the decode
     # replica's copy of the request serves the rest)
+    # A cluster's replica failure (`cluster.faults`): its KV is gone with its replica, and a
+    # copy of the request on a live replica serves the rest (`rerouted_copy`).
+    LOST = "lost"
 
 
 # Finish reasons of a request ended from outside the engine (`Engine.abort`), before its stop
@@ -58,6 +61,10 @@ class Sequence:
     # Output tokens it arrived with from a prefill replica, whose KV came with it (a decode
     # replica's copy of the request): this replica neither computed nor kept them. 0 else.
     carried: int = 0
+    # Output tokens it arrived with from a replica that failed (delivered there before the
+    # failure, their KV lost with it): this replica computes them again as prefill, as after
+    # a preemption, and does not deliver them again. 0 else.
+    rerouted: int = 0
     admit_order: int = -1  # monotone admission counter: newest has the largest
     # Seconds since run start; None until it happens.
     admitted_at: float | None = None
@@ -174,6 +181,19 @@ class Sequence:
         copy.token_times = list(self.token_times)
         copy.num_computed = copy.prefill_end = self.num_computed
         copy.carried = len(self.output_token_ids)
+        copy.preemptions = self.preemptions
+        copy.admitted_at = self.admitted_at
+        copy.first_token_at = self.first_token_at
+        return copy
+
+    def rerouted_copy(self) -> Sequence:
+        """The request as a live replica takes it over from a failed one: the tokens
+        delivered so far and their times, nothing computed (its KV was lost with its
+        replica), its prompt and those tokens to prefill again."""
+        copy = Sequence(self.spec, self.eos_token_id, Status.WAITING)
+        copy.output_token_ids = list(self.output_token_ids)
+        copy.token_times = list(self.token_times)
+        copy.rerouted = len(self.output_token_ids)
         copy.preemptions = self.preemptions
         copy.admitted_at = self.admitted_at
         copy.first_token_at = self.first_token_at

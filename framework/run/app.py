@@ -21,6 +21,7 @@ from framework.engine.clock import Clock, VirtualClock, WallClock
 from framework.engine.contiguous_pool import ContiguousPool
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, RunResult
+from framework.engine.outages import parse_outages
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.request import RequestSpec
 from framework.engine.settings import Limits, Policies
@@ -255,7 +256,9 @@ def build_runner(
             file=sys.stderr,
         )
     link = link_setting(cfg).describe() | {"layerwise": bool(cfg.cluster.layerwise)}
-    return ClusterRunner(engines, router, name, provider, roles, handoffs, link)
+    faults = cfg.cluster.get("faults")
+    outages = parse_outages(OmegaConf.to_container(faults) if faults else None, replicas)
+    return ClusterRunner(engines, router, name, provider, roles, handoffs, link, outages)
 
 
 def check_before_loading(cfg: DictConfig) -> None:

@@ -7,7 +7,8 @@ counters summed, pools added up (`num_blocks` the cluster's blocks, `peak_blocks
 each replica's own peak: an upper bound of the cluster's simultaneous peak). Each replica's
 own result stays in `replicas`, for `metrics.json`'s per-replica list. A request handed off
 from a prefill replica to a decode replica is held by both: the merged result keeps the
-decode replica's copy, which has all its tokens and times.
+decode replica's copy, which has all its tokens and times. A request a replica's failure
+took (`cluster.faults`) keeps its last replica's copy, which has every token delivered.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from framework.engine.cluster import Cluster, ClusterResult
 from framework.engine.counters import Counters
 from framework.engine.handoff import HandOffs
 from framework.engine.loop import Engine, RunResult
+from framework.engine.outages import Outage
 from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence
+from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog, merged
 
 
@@ -49,9 +51,10 @@ class ClusterRunner:
         roles: list[str] | None = None,
         handoffs: HandOffs | None = None,
         link: dict[str, Any] | None = None,
+        outages: list[Outage] | None = None,
     ) -> None:
         self.engines = engines
-        self.cluster = Cluster(engines, router, name, provider, roles, handoffs)
+        self.cluster = Cluster(engines, router, name, provider, roles, handoffs, outages)
         self.link = link if handoffs is not None else None
         self.specs: list[RequestSpec] = []
 
@@ -72,6 +75,8 @@ def merge(
     latest: dict[str, Sequence] = {}  # a request handed off: its decode replica's copy
     for r in parts:
         for s in r.seqs:
+            if s.status is Status.LOST:  # a failure took it there: served where it went next
+                continue
             if s.carried or s.id not in latest:
                 latest[s.id] = s
     seqs = sorted(latest.values(), key=lambda s: order.get(s.id, len(order)))
@@ -96,4 +101,6 @@ def merge(
         decode_of=result.decode_of,
         transfers=result.transfers,
         link=link,
+        replicas_of=result.replicas_of,
+        outages=result.outages,
     )

@@ -11,6 +11,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from framework.engine.outages import parse_outages
 from framework.executors.kernel_choice import setting
 from framework.executors.model_loader import TinySpec
 from framework.run.roles import check_disaggregation
@@ -152,6 +153,10 @@ class ClusterConfig:
     link_gbps: float | None = None
     link_latency_us: float | None = None
     layerwise: bool = False  # each layer's KV sent as the prefill computes the next one
+    # Replica failures: a list of {replica: I, down_at_s: T, up_at_s: U} (up_at_s null or
+    # left out: down for good). A failed replica loses its KV; what it held is re-routed to
+    # the live replicas and computed again from the tokens delivered (docs/cluster.md).
+    faults: list[Any] | None = None
 
 
 @dataclass
@@ -397,6 +402,17 @@ def check_cluster(cfg: Any) -> None:
             "cluster.backend=ray runs replicas of the real executor (executor=model); a "
             "simulated cluster runs in one process on one virtual clock (cluster.backend=local)"
         )
+    faults = c.get("faults")
+    if faults:
+        if c.replicas < 2:
+            raise ValueError("cluster.faults need cluster.replicas >= 2: a replica must be left")
+        raw = OmegaConf.to_container(faults) if OmegaConf.is_config(faults) else faults
+        parse_outages(raw, c.replicas)
+        if c.roles is not None or c.prefill is not None or c.decode is not None:
+            raise ValueError(
+                "cluster.faults apply to replicas of one role: leave cluster.roles, prefill "
+                "and decode unset"
+            )
     check_disaggregation(cfg)
 
 

@@ -47,8 +47,11 @@ def write_results(
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     rows = [request_row(s) for s in result.seqs]
     if result.replica_of is not None:  # a cluster: which replica served each request
+        placed = result.replicas_of or {}
         for row in rows:
             row["replica"] = result.replica_of.get(row["id"])
+            # every replica it was placed on, in order: more than one after a failure
+            row["replicas"] = " ".join(map(str, placed.get(row["id"], [row["replica"]])))
     if result.transfers is not None:  # disaggregated: where each was decoded, its transfer
         decode_of = result.decode_of or {}
         moved = {t.id: t for t in result.transfers}

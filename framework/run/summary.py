@@ -175,7 +175,25 @@ def summarize(result: RunResult) -> dict[str, Any]:
         summary.update(cluster_summary(result.replicas, result.roles))
     if result.transfers is not None:
         summary.update(transfer_summary(result))
+    if result.replicas_of is not None:
+        summary.update(failover_summary(result))
     return summary
+
+
+def failover_summary(result: RunResult) -> dict[str, Any]:
+    """A cluster's replica failures (`cluster.faults`; all 0 without): the failures, the
+    requests they sent back to the router, the positions computed again on another replica
+    and the sampled tokens that died on a device before reaching a client; and each outage
+    as it happened."""
+    outages = result.outages or []
+    history = result.replicas_of or {}
+    return {
+        "replica_failures": len(outages),
+        "requests_rerouted": sum(1 for v in history.values() if len(v) > 1),
+        "tokens_recomputed_after_failure": result.counters.failure_recomputed_tokens,
+        "tokens_lost_in_failure": result.counters.lost_tokens,
+        "replica_outages": [o.as_dict() for o in outages],
+    }
 
 
 def transfer_summary(result: RunResult) -> dict[str, Any]:

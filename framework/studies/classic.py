@@ -1,7 +1,7 @@
 """The classic studies (`python run.py +experiment=NAME`): what each one compares and
 measures. A `Study` names the labels that vary between its runs, the columns measured (each
 read from a finished job's `RunRecord`), the columns drawn, and which runs must have done the
-same work; `STUDIES` holds the seven, one per `conf/experiment/NAME.yaml` that names
+same work; `STUDIES` holds the eight, one per `conf/experiment/NAME.yaml` that names
 `StudyReport` (framework/studies/study_report.py writes their tables).
 
 Counts (token slots, waste, occupancy, preemptions) hold on any machine; the seconds
@@ -262,6 +262,43 @@ STUDIES: dict[str, Study] = {
         "{tpot_slo_s} s; goodput_rps: those requests per second of makespan.",
     ),
 }
+
+
+def _fault_label(run: RunRecord, p: dict[str, Any]) -> str:
+    """The outages of a run, as configured: `none`, or `R down A-B s` each."""
+    faults = OmegaConf.select(run.config, "cluster.faults") or []
+    return (
+        ", ".join(
+            f"{f.replica} down {f.down_at_s:g}-{'' if f.get('up_at_s') is None else f'{f.up_at_s:g}'} s"
+            for f in faults
+        )
+        or "none"
+    )
+
+
+STUDIES["failover"] = Study(
+    title="Routers under a replica's failure",
+    labels=[("router", _field("router.name")), ("fault", _fault_label)],
+    columns=metrics(
+        "requests_finished",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "replica_failures",
+        "requests_rerouted",
+        "tokens_recomputed_after_failure",
+        "tokens_lost_in_failure",
+        "makespan_s",
+    ),
+    plot=["ttft_p99_s", "e2e_p99_s", "requests_rerouted", "tokens_recomputed_after_failure"],
+    group=lambda run: run.config.workload.kind,
+    note="requests_rerouted: requests a failure sent back to the router (placed again on a "
+    "live replica); tokens_recomputed_after_failure: positions the failed replica had "
+    "computed that a live one computed again (the prompt and the tokens already delivered); "
+    "tokens_lost_in_failure: tokens sampled on the failed replica's device and never read "
+    "back (held by the output policy). Same-work check: every run gave the same tokens.",
+)
 
 
 def _chunk_label(run: RunRecord) -> Any:

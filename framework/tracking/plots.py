@@ -360,7 +360,8 @@ def save_run_plots(run_dir: Path, steps: StepColumns | None = None) -> list[Path
     if metrics.get("replicas"):  # a cluster: its steps.csv says which replica ran each step
         columns = ("time", "rows", "blocks_in_use", "replica")
         load = read_step_columns(run_file(run_dir, "steps.csv"), columns)
-        drawn.append(plot_replica_load(load, run_dir / "replica_load.png", requests))
+        outages = metrics.get("replica_outages") or []
+        drawn.append(plot_replica_load(load, run_dir / "replica_load.png", requests, outages))
     return drawn
 
 

@@ -1,10 +1,12 @@
 """A cluster's picture, `replica_load.png`: each replica's rows in the forward and KV blocks
 in use over time, and with prefill/decode disaggregation the KV transfers each one sends or
-receives, each replica in one colour across the panels."""
+receives, each replica in one colour across the panels; a replica's outages
+(`cluster.faults`) shaded in its colour, from its failure to its return."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +36,10 @@ def transfers_in_flight(
 
 
 def plot_replica_load(
-    steps: StepColumns, path: Path, requests: list[dict[str, str]] | None = None
+    steps: StepColumns,
+    path: Path,
+    requests: list[dict[str, str]] | None = None,
+    outages: list[dict[str, Any]] | None = None,
 ) -> Path:
     """A cluster's replicas over time: each one's rows in the forward and KV blocks in use at
     each of its steps (`steps` with a `replica` column), each curve through its `envelope`;
@@ -61,6 +66,14 @@ def plot_replica_load(
             keep = envelope(counts)
             kv_ax.step(t[keep], counts[keep], where="post", lw=0.8, color=f"C{r % 10}")
         kv_ax.set_ylabel("KV transfers\nsent or received")
+    end = float(steps["time"].max()) if len(steps["time"]) else 0.0
+    for n, o in enumerate(outages or []):  # metrics.json's `replica_outages`
+        up = o["up_s"] if o["up_s"] is not None else max(end, o["down_s"])
+        label = "replica down" if n == 0 else None
+        for ax in axes:
+            color = f"C{int(o['replica']) % 10}"
+            ax.axvspan(o["down_s"], up, color=color, alpha=0.15, hatch="//", lw=0, label=label)
+            label = None
     axes[-1].set_xlabel("time (s)")
     rows_ax.set_title("load per replica", fontsize=10)
     rows_ax.legend(loc="upper right", fontsize=7, ncol=4)

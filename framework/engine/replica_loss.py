@@ -1,0 +1,60 @@
+"""A replica lost (a cluster's `cluster.faults`): what it held goes, with its books closed.
+
+A replica that fails loses its device: its KV cache and the sampled tokens still on it (held
+by the output policy) are gone. What its clients already received stays theirs. So each
+request it held that had not finished leaves it (`Status.LOST`, its blocks back in the
+pool, its prefix cache forgotten), and a copy of it (`Sequence.rerouted_copy`) carrying the
+tokens already delivered goes back to the router, to be computed again on a live replica
+from its prompt plus those tokens: no client sees a token twice, and greedy decoding gives
+the tokens a fault-free run gives.
+
+The books stay whole on the lost replica too: every block is free after the loss; the
+tokens that died on the device are counted (`Counters.lost_tokens`), so token conservation
+still holds (`deferred = kept + overshoot + lost`); the positions computed there that the
+new replica must compute again are counted (`Counters.failure_recomputed_tokens`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from framework.engine.invariants import InvariantError
+from framework.engine.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from framework.engine.loop import Engine
+
+
+def lose_replica(engine: Engine) -> list[Sequence]:
+    """Fail `engine` now: every unfinished request it holds leaves it, lost, and its copies
+    to re-route are returned, oldest arrival first. Finished rows a static batch still
+    keeps are released as finished (their clients have every token)."""
+    planner, output, counters = engine.planner, engine.output, engine.counters
+    if planner.handoffs:
+        raise InvariantError("a replica holding KV hand-offs cannot fail (cluster.roles)")
+    now = engine.now()
+    for held in output.steps:  # sampled on the device, never read back: lost with it
+        for seq, discard in zip(held.rows, held.discard, strict=True):
+            if not discard:
+                seq.num_held -= 1
+        counters.held_tokens -= held.kept_rows
+        counters.lost_tokens += held.kept_rows
+    output.steps.clear()
+    engine.aborts.aborting.clear()
+    lost: list[Sequence] = []
+    for seq in list(planner.running):
+        planner.running.remove(seq)
+        if seq.finish_reason is not None:  # every token delivered: it finished here
+            planner.release(seq, Status.RELEASED, now)
+            continue
+        counters.failure_recomputed_tokens += min(seq.num_computed, seq.num_tokens)
+        planner.release(seq, Status.LOST, now)
+        lost.append(seq)
+    for queue in (planner.waiting, planner.pending):
+        for seq in queue:
+            seq.status, seq.released_at = Status.LOST, now
+            lost.append(seq)
+        queue.clear()
+    engine.pool.forget_all()
+    lost.sort(key=lambda s: s.arrival)
+    return [seq.rerouted_copy() for seq in lost]
