@@ -267,13 +267,11 @@ STUDIES: dict[str, Study] = {
 def _fault_label(run: RunRecord, p: dict[str, Any]) -> str:
     """The outages of a run, as configured: `none`, or `R down A-B s` each."""
     faults = OmegaConf.select(run.config, "cluster.faults") or []
-    return (
-        ", ".join(
-            f"{f.replica} down {f.down_at_s:g}-{'' if f.get('up_at_s') is None else f'{f.up_at_s:g}'} s"
-            for f in faults
-        )
-        or "none"
-    )
+    spans = []
+    for f in faults:
+        up = "" if f.get("up_at_s") is None else f"{f.up_at_s:g}"
+        spans.append(f"{f.replica} down {f.down_at_s:g}-{up} s")
+    return ", ".join(spans) or "none"
 
 
 STUDIES["failover"] = Study(
