@@ -184,7 +184,8 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
         assert sum(r[key] for r in metrics["replicas"]) == metrics[key], key
     assert all(r["requests"] > 0 for r in metrics["replicas"])  # least_tokens spreads them
     requests = (cluster / "requests.csv").read_text().splitlines()
-    assert requests[0].endswith(",replica") and {r[-1] for r in requests[1:]} == {"0", "1"}
+    assert requests[0].endswith(",replica,replicas")
+    assert {r.split(",")[-2] for r in requests[1:]} == {"0", "1"}
     assert (cluster / "steps.csv").read_text().splitlines()[0].endswith(",replica")
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("ray_replicas")
@@ -192,3 +193,46 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.metrics["replica.0.requests"] + run.data.metrics["replica.1.requests"] == 8
+
+
+def test_killing_one_of_two_ray_replicas_mid_run_loses_no_request(
+    ray_cluster: str, tmp_path: Path
+) -> None:
+    """Replica 1's actor is killed half a second into the replay (`cluster.faults`: a real
+    `ray.kill`, found by the driver as any death is): every request is served once, with
+    one engine's greedy tokens, and the run folder says what was lost and re-routed."""
+    env = {**os.environ, **LOOPBACK_ONLY}
+    for key in ("NANOSERVE_MLFLOW_PARENT", "RAY_ADDRESS"):
+        env.pop(key, None)
+    common = [
+        "model=tiny", "workload=synthetic", "workload.num_requests=40", "workload.rate=40",
+        "workload.prompt_len_max=64", "workload.output_len_max=32", "threads=1",
+        "print_outputs=false", "observers=[]",
+    ]  # fmt: skip
+    cluster, alone = tmp_path / "cluster", tmp_path / "alone"
+    runs = [
+        [*common, "cluster.replicas=2", "cluster.backend=ray", f"cluster.ray_address={ray_cluster}",
+         "router=round_robin", "cluster.faults=[{replica: 1, down_at_s: 0.5}]",
+         f"hydra.run.dir={cluster}"],
+        [*common, f"hydra.run.dir={alone}"],
+    ]  # fmt: skip
+    for args in runs:
+        proc = subprocess.run(
+            [sys.executable, "run.py", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def outputs(folder: Path) -> dict[str, list[int]]:
+        lines = (folder / "outputs.jsonl").read_text().splitlines()
+        return {d["id"]: d["output_token_ids"] for d in map(json.loads, lines)}
+
+    assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 40
+    metrics = json.loads((cluster / "metrics.json").read_text())
+    assert metrics["incomplete"] is False and metrics["requests_finished"] == 40
+    assert metrics["replica_failures"] == 1
+    (outage,) = metrics["replica_outages"]
+    assert outage["replica"] == 1 and outage["down_s"] >= 0.5
+    assert metrics["requests_rerouted"] == outage["requests_lost"]
+    ids = [line.split(",")[0] for line in (cluster / "requests.csv").read_text().splitlines()[1:]]
+    assert sorted(ids) == sorted(outputs(alone))  # each once

@@ -36,6 +36,9 @@ class OutageRecord:
     down_s: float
     up_s: float | None
     requests_lost: int  # unfinished requests it held, sent back to the router
+    # Whether the replica's books (steps, counters) outlived it: on one virtual clock they
+    # do; a Ray actor's die with it, and the figures counted in them are then unknown.
+    books_kept: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

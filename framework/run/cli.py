@@ -7,7 +7,8 @@
   plugin's own option check. In a sweep the line names the job and its overrides; the jobs
   that finished before it keep their results. Nothing of the refused run was written.
 - 1: a bug (any other exception, `PolicyError`, `InvariantError`), with its traceback, after
-  the run wrote its partial results.
+  the run wrote its partial results; or a run its environment stopped (`RunStopped`: every
+  replica of a Ray cluster lost), as one line, after the same.
 
 `HYDRA_FULL_ERROR=1` shows the whole traceback of a user error too, for debugging.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.api.registry import registry
-from framework.run.errors import Refused, UserError, one_line
+from framework.run.errors import Refused, RunStopped, UserError, one_line
 from framework.run.help import print_help, wants_help
 from framework.run.preflight import check_command_line
 from framework.tracking.sweep_exit import finish_early
@@ -56,6 +57,11 @@ def main(argv: Sequence[str] | None = None, job: Callable[..., Any] | None = Non
             raise
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RunStopped as error:
+        if debugging:
+            raise
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
+        return 1
     except Exception as error:
         message = hydra_user_error(error)
         if message is None or debugging:

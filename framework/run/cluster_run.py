@@ -84,7 +84,9 @@ def merge(
     counters = Counters()
     for f in fields(Counters):
         setattr(counters, f.name, sum(getattr(r.counters, f.name) for r in parts))
-    first = parts[0]
+    # What the replicas say of their clock and executor: a live one's (a Ray replica lost
+    # has no books, and stands in with none of its steps).
+    first = next((r for r in parts if r.executor), parts[0])
     return RunResult(
         seqs,
         steps,

@@ -407,7 +407,12 @@ def check_cluster(cfg: Any) -> None:
         if c.replicas < 2:
             raise ValueError("cluster.faults need cluster.replicas >= 2: a replica must be left")
         raw = OmegaConf.to_container(faults) if OmegaConf.is_config(faults) else faults
-        parse_outages(raw, c.replicas)
+        outages = parse_outages(raw, c.replicas)
+        if c.backend == "ray" and any(o.up_at_s is not None for o in outages):
+            raise ValueError(
+                "cluster.faults on cluster.backend=ray kill a replica's actor for good: leave "
+                "up_at_s unset there (a killed replica is not restarted)"
+            )
         if c.roles is not None or c.prefill is not None or c.decode is not None:
             raise ValueError(
                 "cluster.faults apply to replicas of one role: leave cluster.roles, prefill "

@@ -20,6 +20,12 @@ class UserError(ValueError):
     accepts. The command line prints `error: <message>` and exits 2; nothing was started."""
 
 
+class RunStopped(RuntimeError):
+    """A run its environment stopped, not a bug and not the user's input (every replica of
+    a Ray cluster lost): the run wrote what finished, marked incomplete; the command line
+    prints `error: <message>` and exits 1, with no traceback."""
+
+
 def one_line(message: str) -> str:
     """Lines joined into one, so that the terminal shows a single `error:` line."""
     parts = [line.strip() for line in message.splitlines()]

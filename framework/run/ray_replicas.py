@@ -20,82 +20,31 @@ where `model.path` says.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
 import secrets
 import socket
+import sys
 import tempfile
-import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.api.router import ClusterView, ReplicaState, ReplicaView, Router
+from framework.api.router import ClusterView, Router
 from framework.engine.cluster import ClusterResult, check_served_once, route
+from framework.engine.counters import Counters
 from framework.engine.loop import RunResult
+from framework.engine.outages import Outage, OutageRecord, parse_outages
 from framework.engine.request import RequestSpec
+from framework.engine.sequence import Sequence, Status
+from framework.engine.step_log import StepLog
 from framework.run.cluster_run import merge
-from framework.run.in_process import NullHooks
-
-
-class ReplicaActor:
-    """One replica: an engine built from the run's config, stepping in its own thread."""
-
-    def __init__(self, cfg_yaml: str, load: Callable[..., Any], build_engine: Callable[..., Any]):
-        """`load` and `build_engine` are the run's own (`framework.run.app`), handed over by
-        reference: this actor builds its engine as a local run does."""
-        import torch
-
-        cfg = OmegaConf.create(cfg_yaml)
-        if cfg.threads:
-            torch.set_num_threads(int(cfg.threads))
-        torch.manual_seed(cfg.seed)
-        model, tokenizer, device, dtype = load(cfg)
-        # The observers run in the driver: this replica's engine reports to nobody.
-        self.engine = build_engine(cfg, model, device, dtype, NullHooks())
-        self.eos = tokenizer.eos_token_id
-        self.inbox: queue.SimpleQueue[RequestSpec] = queue.SimpleQueue()
-        self.closed = threading.Event()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def start(self) -> None:
-        self.engine.prepare()
-        self.engine.clock.start()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        try:
-            while True:
-                while not self.inbox.empty():
-                    self.engine.submit(self.inbox.get(), self.eos)
-                if self.engine.has_work:
-                    self.engine.advance()
-                elif self.closed.is_set() and self.inbox.empty():
-                    return
-                else:
-                    time.sleep(0.0005)
-        except BaseException as exc:  # handed to the driver by `finish`
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def state(self, index: int, request: RequestSpec) -> ReplicaState:
-        return ReplicaState.of(ReplicaView(index, self.engine), request)
-
-    def submit(self, spec: RequestSpec) -> None:
-        self.inbox.put(spec)
-
-    def finish(self) -> RunResult:
-        """Once every request handed to it is served: its result, its books checked."""
-        self.closed.set()
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.engine.finish()
+from framework.run.errors import RunStopped
+from framework.run.ray_actor import ReplicaActor
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -139,6 +88,9 @@ class RayRunner:
         import ray
 
         router, name, provider = routing
+        faults = cfg.cluster.get("faults")  # checked before Ray starts
+        self.faults_set = bool(faults)
+        outages = parse_outages(OmegaConf.to_container(faults) if faults else None, replicas)
 
         address = cfg.cluster.ray_address
         options: dict[str, Any] = {}
@@ -173,35 +125,201 @@ class RayRunner:
         actor = ray.remote(num_cpus=1)(ReplicaActor)
         config = OmegaConf.to_yaml(cfg, resolve=True)
         self.actors = [actor.remote(config, *builders) for _ in range(replicas)]
+        self.max_num_seqs = int(cfg.engine.max_num_seqs)
         self.replica_of: dict[str, int] = {}
+        self.first: dict[str, int] = {}  # `route`'s own book: each request routed once
+        self.history: dict[str, list[int]] = {}  # each request's replicas, in order
         self.specs: list[RequestSpec] = []
-        self.results: list[RunResult] = []
+        self.results: dict[int, RunResult] = {}
+        # Replica failures: the live replicas; the kills `cluster.faults` asks for, due in
+        # order; what each replica was handed and has not reported finished; the requests
+        # collected as finished (with their replica); the outages and their causes.
+        self.live = list(range(replicas))
+        self.kills: deque[Outage] = deque(outages)
+        self.assigned: list[dict[str, RequestSpec]] = [{} for _ in range(replicas)]
+        self.done: dict[str, tuple[int, Sequence]] = {}
+        self.outages: list[OutageRecord] = []
+        self.causes: list[str] = []
+        self.t0 = time.perf_counter()
+        self.collected_at = 0.0
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
         ray = self.ray
         self.specs = specs
         try:
             ray.get([a.start.remote() for a in self.actors])
-            t0 = time.perf_counter()
+            self.t0 = time.perf_counter()
             for spec in sorted(specs, key=lambda s: s.arrival):
-                wait = spec.arrival - (time.perf_counter() - t0)
-                if wait > 0:
-                    time.sleep(wait)
-                states = ray.get([a.state.remote(i, spec) for i, a in enumerate(self.actors)])
-                view = ClusterView(now=spec.arrival, replicas=tuple(states))
-                chosen = route(self.router, view, spec, self.replica_of, self.name, self.provider)
-                self.actors[chosen].submit.remote(spec)
-            self.results = ray.get([a.finish.remote() for a in self.actors])
+                self._wait_until(spec.arrival)
+                self._place(spec, spec.arrival)
+                self._collect(every_s=0.05)
+            self.results = self._finish()
         finally:
+            for a in self.actors:
+                with contextlib.suppress(Exception):
+                    a.close.remote()
             ray.shutdown()
             if self.scratch is not None:
                 os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
                 self.scratch.cleanup()
-        check_served_once(specs, self.results, self.replica_of)
-        return merge(ClusterResult(self.results, dict(self.replica_of)), specs)
+        parts = self._parts()
+        check_served_once(specs, parts, self.replica_of)
+        return self._merged(parts, specs)
 
     def partial_result(self) -> RunResult:
-        """What came back before a stop: nothing, if the replicas never finished."""
-        if not self.results:
+        """What came back before a stop: each live replica's result if they finished, else
+        the requests collected as they finished (every replica's, lost ones' included)."""
+        if not self.results and not self.done and not self.outages:
             raise RuntimeError("the Ray replicas returned no result before the run stopped")
-        return merge(ClusterResult(self.results, dict(self.replica_of)), self.specs)
+        served = [s for s in self.specs if s.id in self.done or s.id in self.replica_of]
+        return self._merged(self._parts(), served)
+
+    # ---- replicas lost and their requests placed again --------------------------------
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _wait_until(self, t: float) -> None:
+        """Sleep until `t` (seconds into the replay), killing the replicas `cluster.faults`
+        names as their times come: each actor really dies, and is found lost by the next
+        call to it, as any other death would be."""
+        while True:
+            now = self._elapsed()
+            if self.kills and self.kills[0].down_at_s <= now:
+                with contextlib.suppress(Exception):
+                    self.ray.kill(self.actors[self.kills.popleft().replica], no_restart=True)
+                continue
+            if now >= t:
+                return
+            due = self.kills[0].down_at_s if self.kills else t
+            time.sleep(max(0.0, min(t, due) - now))
+
+    def _ask(self, method: str, *args: Any, view_index: bool = False) -> dict[int, Any]:
+        """`method` called on every live replica at once (with its view index first when
+        `view_index`): the answers by replica. A replica whose call fails (its actor died,
+        or its engine raised) is lost, and the answers are those of the others."""
+        refs: dict[int, Any] = {}
+        failed: dict[int, BaseException] = {}
+        for j, i in enumerate(self.live):
+            try:
+                call = getattr(self.actors[i], method)
+                refs[i] = call.remote(j, *args) if view_index else call.remote(*args)
+            except Exception as exc:
+                failed[i] = exc
+        answers: dict[int, Any] = {}
+        for i, ref in refs.items():
+            try:
+                answers[i] = self.ray.get(ref)
+            except Exception as exc:
+                failed[i] = exc
+        for i, exc in failed.items():
+            self._lose(i, exc)
+        return answers if not failed else {i: a for i, a in answers.items() if i in self.live}
+
+    def _place(self, spec: RequestSpec, now: float, again: bool = False) -> None:
+        """Route `spec` among the live replicas (`now`: the router's view time) and hand it
+        over; `again`: a lost replica's request, routed once more."""
+        while True:
+            if not self.live:
+                raise self._all_lost()
+            live = list(self.live)
+            states = self._ask("state", spec, view_index=True)
+            if live != self.live:  # one was lost meanwhile: ask those left
+                continue
+            view = ClusterView(now=now, replicas=tuple(states[i] for i in live))
+            book = {} if again else self.first
+            j = route(self.router, view, spec, book, self.name, self.provider)
+            replica = live[j]
+            try:
+                self.actors[replica].submit.remote(spec)
+            except Exception as exc:  # (an in-process stand-in raises at the call)
+                self._lose(replica, exc)
+                again = True
+                continue
+            self.assigned[replica][spec.id] = spec
+            self.replica_of[spec.id] = replica
+            self.history.setdefault(spec.id, []).append(replica)
+            return
+
+    def _lose(self, replica: int, cause: BaseException) -> None:
+        """`replica` is lost: its requests not collected as finished are routed again, from
+        their prompts (the driver has none of their tokens), to the live replicas."""
+        if replica not in self.live:
+            return
+        self.live.remove(replica)
+        with contextlib.suppress(Exception):
+            self.ray.kill(self.actors[replica], no_restart=True)
+        owed = sorted(
+            (s for k, s in self.assigned[replica].items() if k not in self.done),
+            key=lambda s: s.arrival,
+        )
+        self.assigned[replica] = {}
+        at = self._elapsed()
+        why = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        self.outages.append(OutageRecord(replica, at, None, len(owed), books_kept=False))
+        self.causes.append(f"replica {replica} at {at:.2f} s: {why}")
+        print(
+            f"cluster: replica {replica} lost at {at:.2f} s ({why}); its {len(owed)} "
+            "unfinished requests go to the live replicas",
+            file=sys.stderr,
+        )
+        for spec in owed:
+            self._place(spec, at, again=True)
+
+    def _all_lost(self) -> RunStopped:
+        owed = len(self.specs) - len(self.done)
+        return RunStopped(
+            f"cluster.backend=ray: every replica was lost ({'; '.join(self.causes)}); "
+            f"{len(self.done)} requests finished, {owed} did not (the run folder is marked "
+            "incomplete)"
+        )
+
+    def _collect(self, every_s: float = 0.0) -> None:
+        """The requests each live replica finished since the last call (at most every
+        `every_s` seconds): kept here, so a replica lost later owes none of them."""
+        if self._elapsed() - self.collected_at < every_s:
+            return
+        self.collected_at = self._elapsed()
+        for replica, seqs in self._ask("collect").items():
+            for seq in seqs:
+                self.done[seq.id] = (replica, seq)
+                self.assigned[replica].pop(seq.id, None)
+
+    def _finish(self) -> dict[int, RunResult]:
+        """Every live replica's result once all are idle; a replica lost meanwhile has its
+        requests placed again, and the others are waited for again."""
+        while True:
+            while True:
+                self._wait_until(self._elapsed())  # kills that have come due
+                self._collect(every_s=0.05)
+                idle = self._ask("idle")
+                if not self.live:
+                    raise self._all_lost()
+                if len(idle) == len(self.live) and all(idle.values()):
+                    break
+                time.sleep(0.005)
+            live = list(self.live)
+            results = self._ask("finish")
+            if live == self.live:
+                return results
+
+    def _parts(self) -> list[RunResult]:
+        """A result per replica: a live one's own; a lost one's, the requests it finished
+        before it was lost (its steps and counters died with it)."""
+        parts = []
+        for i in range(len(self.actors)):
+            if i in self.results:
+                parts.append(self.results[i])
+                continue
+            seqs = [s for r, s in self.done.values() if r == i]
+            for s in seqs:  # collected when they finished; their release died with it
+                if s.status is Status.FINISHED:
+                    s.status, s.released_at = Status.RELEASED, s.finished_at
+            parts.append(RunResult(seqs, StepLog(), Counters(), self.max_num_seqs, 0, 0))
+        return parts
+
+    def _merged(self, parts: list[RunResult], specs: list[RequestSpec]) -> RunResult:
+        held = {s.id for r in parts for s in r.seqs}
+        placed = {k: v for k, v in self.replica_of.items() if k in held}
+        history = {k: list(v) for k, v in self.history.items() if k in held}
+        outages = list(self.outages) if self.outages or self.faults_set else None
+        return merge(ClusterResult(parts, placed, replicas_of=history, outages=outages), specs)

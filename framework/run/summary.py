@@ -187,11 +187,13 @@ def failover_summary(result: RunResult) -> dict[str, Any]:
     as it happened."""
     outages = result.outages or []
     history = result.replicas_of or {}
+    known = all(o.books_kept for o in outages)  # else a lost replica's counts died with it
+    c = result.counters
     return {
         "replica_failures": len(outages),
         "requests_rerouted": sum(1 for v in history.values() if len(v) > 1),
-        "tokens_recomputed_after_failure": result.counters.failure_recomputed_tokens,
-        "tokens_lost_in_failure": result.counters.lost_tokens,
+        "tokens_recomputed_after_failure": c.failure_recomputed_tokens if known else None,
+        "tokens_lost_in_failure": c.lost_tokens if known else None,
         "replica_outages": [o.as_dict() for o in outages],
     }
 
