@@ -214,6 +214,8 @@ def test_the_run_folder_records_the_failures(
             "take every replica down for good",
         ),
         (["cluster.replicas=1", "cluster.faults=[{replica: 0, down_at_s: 1}]"], "replicas >= 2"),
+        (["cluster.restart_replicas=1"], "restart_replicas applies to cluster.backend=ray"),
+        (["cluster.restart_replicas=-1"], "restart_replicas must be an integer >= 0"),
         (
             ["cluster.prefill=1", "cluster.faults=[{replica: 0, down_at_s: 1, up_at_s: 2}]"],
             "replicas of one role",
@@ -241,6 +243,9 @@ class KillingRay(FakeRay):
     def kill(self, handle: Any, no_restart: bool = True) -> None:
         handle.dead = True
         handle.obj.close()
+
+    def wait(self, refs: list[Any], timeout: float | None = None) -> tuple[list[Any], list[Any]]:
+        return list(refs), []  # every call here has returned already
 
     def remote(self, **_: Any) -> Any:
         class Handle:
@@ -306,6 +311,25 @@ def test_a_ray_replica_killed_mid_run_loses_no_request(monkeypatch: pytest.Monke
     moved = [k for k, v in result.replicas_of.items() if len(v) > 1]
     assert m["requests_rerouted"] == len(moved) == m["replica_outages"][0]["requests_lost"]
     assert all(result.replicas_of[k] == [1, 0] for k in moved)
+
+
+def test_a_killed_ray_replica_is_restarted_empty_and_serves_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cluster.restart_replicas=1`: replica 1 killed at 40 ms gets a new actor, which
+    rejoins the router's view; requests arriving later reach it again."""
+    run, tokenizer, _ = ray_runner(
+        monkeypatch, "router=round_robin", "cluster.restart_replicas=1",
+        "cluster.faults=[{replica: 1, down_at_s: 0.04}]",
+    )  # fmt: skip
+    first = run.actors[1]
+    result = run.run(RAY_SPECS, tokenizer.eos_token_id)
+    assert run.actors[1] is not first and first.dead
+    assert tokens(result) == one_engine(RAY_SPECS)
+    (outage,) = summarize(result)["replica_outages"]
+    assert outage["replica"] == 1 and outage["down_s"] <= outage["up_s"]
+    later = [s.id for s in RAY_SPECS if s.arrival > 0.06]
+    assert {result.replica_of[k] for k in later} == {0, 1}  # round robin over both again
 
 
 def test_a_ray_replica_whose_engine_raises_is_lost_and_its_requests_served(

@@ -157,6 +157,9 @@ class ClusterConfig:
     # left out: down for good). A failed replica loses its KV; what it held is re-routed to
     # the live replicas and computed again from the tokens delivered (docs/cluster.md).
     faults: list[Any] | None = None
+    # backend=ray: how many times each replica's actor is started again after it is lost
+    # (its engine empty; it rejoins the router's view once started). 0: never.
+    restart_replicas: int = 0
 
 
 @dataclass
@@ -401,6 +404,14 @@ def check_cluster(cfg: Any) -> None:
         raise ValueError(
             "cluster.backend=ray runs replicas of the real executor (executor=model); a "
             "simulated cluster runs in one process on one virtual clock (cluster.backend=local)"
+        )
+    restarts = c.get("restart_replicas", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ValueError(f"cluster.restart_replicas must be an integer >= 0; got {restarts!r}")
+    if restarts and c.backend != "ray":
+        raise ValueError(
+            "cluster.restart_replicas applies to cluster.backend=ray (a simulated replica "
+            "comes back at its fault's up_at_s)"
         )
     faults = c.get("faults")
     if faults:

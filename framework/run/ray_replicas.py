@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,10 @@ class RayRunner:
             ) from None
         self.ray = ray
         self.router, self.name, self.provider = router, name, provider
-        actor = ray.remote(num_cpus=1)(ReplicaActor)
-        config = OmegaConf.to_yaml(cfg, resolve=True)
-        self.actors = [actor.remote(config, *builders) for _ in range(replicas)]
+        self.actor_cls = ray.remote(num_cpus=1)(ReplicaActor)
+        self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        self.builders = builders
+        self.actors = [self.actor_cls.remote(self.config_yaml, *builders) for _ in range(replicas)]
         self.max_num_seqs = int(cfg.engine.max_num_seqs)
         self.replica_of: dict[str, int] = {}
         self.first: dict[str, int] = {}  # `route`'s own book: each request routed once
@@ -140,6 +142,10 @@ class RayRunner:
         self.done: dict[str, tuple[int, Sequence]] = {}
         self.outages: list[OutageRecord] = []
         self.causes: list[str] = []
+        # `cluster.restart_replicas`: the restarts each replica has left, and the replicas
+        # whose new actor is starting (its `start` call), to rejoin once it has.
+        self.restarts_left = [int(cfg.cluster.get("restart_replicas") or 0)] * replicas
+        self.starting: dict[int, Any] = {}
         self.t0 = time.perf_counter()
         self.collected_at = 0.0
 
@@ -183,6 +189,7 @@ class RayRunner:
         names as their times come: each actor really dies, and is found lost by the next
         call to it, as any other death would be."""
         while True:
+            self._rejoin()
             now = self._elapsed()
             if self.kills and self.kills[0].down_at_s <= now:
                 with contextlib.suppress(Exception):
@@ -220,7 +227,10 @@ class RayRunner:
         over; `again`: a lost replica's request, routed once more."""
         while True:
             if not self.live:
-                raise self._all_lost()
+                if not self.starting:
+                    raise self._all_lost()
+                self._rejoin(block=True)
+                continue
             live = list(self.live)
             states = self._ask("state", spec, view_index=True)
             if live != self.live:  # one was lost meanwhile: ask those left
@@ -262,8 +272,44 @@ class RayRunner:
             "unfinished requests go to the live replicas",
             file=sys.stderr,
         )
+        self._restart(replica)
         for spec in owed:
             self._place(spec, at, again=True)
+
+    def _restart(self, replica: int) -> None:
+        """A new actor for a lost replica, while it has restarts left
+        (`cluster.restart_replicas`): it starts in the background and rejoins the live
+        replicas once started (`_rejoin`), with an empty engine."""
+        if self.restarts_left[replica] <= 0:
+            return
+        self.restarts_left[replica] -= 1
+        try:
+            self.actors[replica] = self.actor_cls.remote(self.config_yaml, *self.builders)
+            self.starting[replica] = self.actors[replica].start.remote()
+        except Exception as exc:
+            self.causes.append(f"replica {replica}'s restart: {exc}")
+
+    def _rejoin(self, block: bool = False) -> None:
+        """Restarted replicas whose actor has started join the live ones (`block`: wait
+        for the first); one whose start failed is restarted again while it may be."""
+        for replica, ref in list(self.starting.items()):
+            ready, _ = self.ray.wait([ref], timeout=None if block else 0)
+            if not ready:
+                continue
+            del self.starting[replica]
+            try:
+                self.ray.get(ref)
+            except Exception as exc:
+                self.causes.append(f"replica {replica}'s restart: {exc}")
+                self._restart(replica)
+                continue
+            self.live = sorted([*self.live, replica])
+            at = self._elapsed()
+            open_ = [o for o in self.outages if o.replica == replica and o.up_s is None]
+            if open_:
+                open_[-1].up_s = at
+            print(f"cluster: replica {replica} restarted at {at:.2f} s", file=sys.stderr)
+            block = False
 
     def _all_lost(self) -> RunStopped:
         owed = len(self.specs) - len(self.done)
@@ -293,7 +339,10 @@ class RayRunner:
                 self._collect(every_s=0.05)
                 idle = self._ask("idle")
                 if not self.live:
-                    raise self._all_lost()
+                    if not self.starting:
+                        raise self._all_lost()
+                    self._rejoin(block=True)
+                    continue
                 if len(idle) == len(self.live) and all(idle.values()):
                     break
                 time.sleep(0.005)
@@ -303,18 +352,20 @@ class RayRunner:
                 return results
 
     def _parts(self) -> list[RunResult]:
-        """A result per replica: a live one's own; a lost one's, the requests it finished
-        before it was lost (its steps and counters died with it)."""
+        """A result per replica: its live actor's own, with the requests an earlier actor
+        of it finished before it was lost (a restart); a lost replica's, those alone (its
+        steps and counters died with it)."""
         parts = []
         for i in range(len(self.actors)):
-            if i in self.results:
-                parts.append(self.results[i])
-                continue
-            seqs = [s for r, s in self.done.values() if r == i]
-            for s in seqs:  # collected when they finished; their release died with it
+            part = self.results.get(i) or RunResult(
+                [], StepLog(), Counters(), self.max_num_seqs, 0, 0
+            )
+            own = {s.id for s in part.seqs}
+            earlier = [s for r, s in self.done.values() if r == i and s.id not in own]
+            for s in earlier:  # collected when they finished; their release died with them
                 if s.status is Status.FINISHED:
                     s.status, s.released_at = Status.RELEASED, s.finished_at
-            parts.append(RunResult(seqs, StepLog(), Counters(), self.max_num_seqs, 0, 0))
+            parts.append(replace(part, seqs=[*part.seqs, *earlier]) if earlier else part)
         return parts
 
     def _merged(self, parts: list[RunResult], specs: list[RequestSpec]) -> RunResult:
