@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from framework.engine.request import RequestSpec, SamplingParams
+from framework.executors.sampler import gumbel
 from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
 
@@ -131,9 +132,9 @@ def test_seeded_sampling_does_not_depend_on_batch_or_policy(tiny) -> None:
 
 
 def seeded_reference(model: Any, prompt: list[int], sp: SamplingParams) -> list[int]:
-    """Batch-1 sampling by hand on the dense model: the k-th token drawn from
-    softmax(logits / temperature) by a generator seeded from (request seed, k) alone, the
-    seed mix the engine documents (`framework/executors/sampler.py`)."""
+    """Batch-1 sampling by hand on the dense model: the k-th token by the Gumbel-max rule,
+    argmax(logits / temperature + noise), the noise drawn from (request seed, k) alone by the
+    seed mix and hash the engine documents (`framework/executors/sampler.py`)."""
     ids = list(prompt)
     out: list[int] = []
     previous = model.config._attn_implementation
@@ -142,11 +143,9 @@ def seeded_reference(model: Any, prompt: list[int], sp: SamplingParams) -> list[
         for k in range(sp.max_tokens):
             with torch.no_grad():
                 logits = model(torch.tensor([ids])).logits[0, -1].float()
-            probs = torch.softmax(logits / sp.temperature, dim=-1)
-            gen = torch.Generator().manual_seed(
-                (sp.seed * 0x9E3779B97F4A7C15 + k * 0x100000001B3 + 1) % (2**63 - 1)
-            )
-            token = int(torch.multinomial(probs, 1, generator=gen)[0])
+            seed = (sp.seed * 0x9E3779B97F4A7C15 + k * 0x100000001B3 + 1) % (2**63 - 1)
+            noise = gumbel(torch.tensor([seed]), logits.numel())[0]
+            token = int(torch.argmax((logits / sp.temperature).double() + noise))
             out.append(token)
             ids.append(token)
     finally:

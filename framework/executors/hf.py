@@ -103,8 +103,7 @@ class HFExecutor:
             ctx = None
             if first > 0:  # a prefill over cached context: read it through blocks
                 table = torch.tensor(row.block_table[: -(-row.ctx_len // bs)])
-                ctx = (table[:, None] * bs + torch.arange(bs)).view(-1)[: row.ctx_len]
-                ctx = ctx.to(dev)
+                ctx = _send((table[:, None] * bs + torch.arange(bs)).view(-1)[: row.ctx_len], dev)
             prefills.append(PrefillRow(start, q, ctx))
         width = max(map(len, dec_tables), default=0)
         padded: list[int] = []  # each decode row's table, padded with block 0 to `width`
@@ -112,15 +111,17 @@ class HFExecutor:
         for table in dec_tables:
             padded += table
             padded += pad[: width - len(table)]
-        blocks = _longs(padded).view(len(dec_tables), width)
-        lens = _longs(dec_lens).view(-1, 1, 1, 1)
-        mask = None if self.kernel else (torch.arange(width * bs).view(1, 1, 1, -1) < lens).to(dev)
+        blocks = _send(_longs(padded).view(len(dec_tables), width), dev)
+        lens = _send(_longs(dec_lens).view(-1, 1, 1, 1), dev)
+        mask = None  # the gather path's mask, made where it is read
+        if not self.kernel:
+            mask = torch.arange(width * bs, device=dev).view(1, 1, 1, -1) < lens
         paged = PagedBatch(
             cache=self.cache,
-            slot_mapping=_longs(slots).to(dev),
-            decode_q_idx=_longs(dec_idx).to(dev),
-            decode_blocks=blocks.to(dev),
-            decode_lens=lens.to(dev),
+            slot_mapping=_send(_longs(slots), dev),
+            decode_q_idx=_send(_longs(dec_idx), dev),
+            decode_blocks=blocks,
+            decode_lens=lens,
             decode_mask=mask,
             prefills=prefills,
             decode_kernel=self.kernel,
@@ -128,13 +129,13 @@ class HFExecutor:
         if batch.device_inputs is not None and len(held_at) == len(ids):
             input_ids = batch.device_inputs.reshape(1, -1).to(torch.long)
         else:
-            input_ids = _longs(ids).view(1, -1).to(dev)
+            input_ids = _send(_longs(ids).view(1, -1), dev)
             if held_at:  # some rows' inputs on the device (beside a prefill chunk's tokens)
                 src = batch.device_inputs.reshape(-1).to(torch.long)
-                at = _longs(held_at).to(dev)
-                input_ids[0, at] = src[_longs(held_rows).to(dev)]
-        position_ids = _longs(pos).view(1, -1).to(dev)
-        keep = _longs(last).to(dev)
+                at = _send(_longs(held_at), dev)
+                input_ids[0, at] = src[_send(_longs(held_rows), dev)]
+        position_ids = _send(_longs(pos).view(1, -1), dev)
+        keep = _send(_longs(last), dev)
         return paged, input_ids, position_ids, keep
 
     def describe(self) -> dict[str, str]:
@@ -172,6 +173,16 @@ class HFExecutor:
             sample_s=time.perf_counter() - t1,
             prepare_s=t0 - t_prep,
         )
+
+
+def _send(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor of the step's inputs on `device` without making the host wait: on a GPU
+    copied from pinned memory asynchronously, queued behind the previous step's forward
+    (PyTorch's caching host allocator keeps a pinned block until the copy that reads it is
+    done, so no later step can overwrite it in flight); on a CPU it is already there."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _longs(values: list[int]) -> torch.Tensor:

@@ -1,8 +1,13 @@
-"""Logits to tokens, each request with its own seeded draws.
+"""Logits to tokens, each request with its own seeded draws, with no host sync on a GPU.
 
-A request's k-th token is drawn with a generator seeded from (request seed, k) alone, so its
-text does not depend on batch composition, policies, preemption (a recomputed token is drawn
-again identically) or on tokens that other requests consumed.
+A request's k-th token is drawn from softmax(filtered logits / temperature) by the
+Gumbel-max rule: argmax(logits + g), where each vocabulary entry's noise g = -log(-log(u))
+comes from a uniform u that is a hash of (the draw seed of (request seed, k), the entry).
+So the draw depends on (seed, k) alone, never on batch composition, policies, preemption (a
+recomputed token is drawn again identically) or on tokens other requests consumed; and every
+sampled row of a step is drawn at once, on the device, from counters rather than a
+generator's state: no generator is made, no value is read back, no boolean index makes the
+host wait (top-k and top-p are masks over one sort, scattered back).
 """
 
 from __future__ import annotations
@@ -24,32 +29,84 @@ def draw_seed(seed: int, token_index: int) -> int:
     return (seed * SEED_MIX + token_index * SEED_STEP + 1) % SEED_MOD
 
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask out tokens outside top-k and outside the top-p nucleus (1-D logits)."""
-    if top_k > 0 and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first always stays).
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        logits = logits.clone()
-        logits[order[drop]] = float("-inf")
-    return logits
+def _signed(c: int) -> int:
+    """A 64-bit constant as torch's int64 holds it (two's complement)."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+# splitmix64's finaliser (Steele, Lea and Flood), on int64 tensors: multiplications wrap as
+# unsigned ones do, and a logical right shift is an arithmetic one masked to its width.
+_GAMMA = _signed(0x9E3779B97F4A7C15)
+_M1 = _signed(0xBF58476D1CE4E5B9)
+_M2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    x = x + _GAMMA
+    x = (x ^ _shr(x, 30)) * _M1
+    x = (x ^ _shr(x, 27)) * _M2
+    return x ^ _shr(x, 31)
+
+
+def uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, vocab] float64 uniforms in (0, 1): entry j of row r hashes (seeds[r], j)."""
+    j = torch.arange(vocab, device=seeds.device, dtype=torch.long)
+    x = _mix(_mix(seeds[:, None]) ^ j[None, :])
+    return (_shr(x, 11).to(torch.float64) + 0.5) * 2.0**-53
+
+
+def gumbel(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Each row's Gumbel(0, 1) noise over the vocabulary, from its draw seed alone."""
+    return -torch.log(-torch.log(uniforms(seeds, vocab)))
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] logits with the tokens outside each row's top-k (0: no cut; ties with
+    the k-th value kept) and outside its top-p nucleus (the smallest head whose mass
+    reaches top_p; the first token always stays) set to -inf: one sort, masks, one scatter."""
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    kth = ordered.gather(1, (k - 1)[:, None])
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
+    ordered = ordered.masked_fill(drop & (top_p[:, None] < 1.0), float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, ordered)
+
+
+def _on(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A small host list on `device` without a sync: pinned, copied asynchronously (the
+    caching host allocator keeps the pinned block until its copy is done)."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) -> torch.Tensor:
     """Sampled token ids [B] on the logits' device; greedy rows in one argmax (`argmax`:
-    nanoserve's CPU kernel where the executor chose it, the same index as torch.argmax)."""
+    nanoserve's CPU kernel where the executor chose it, the same index as torch.argmax),
+    the sampled rows in one draw (see the module's note)."""
     tokens = argmax(logits) if argmax is not None else torch.argmax(logits, dim=-1)
-    for i, row in enumerate(rows):
-        sp = row.sampling
-        if sp.greedy or row.discard or not row.samples:  # no draw for a token nobody keeps
-            continue
-        scaled = filter_logits(logits[i].float() / sp.temperature, sp.top_k, sp.top_p)
-        probs = torch.softmax(scaled, dim=-1)
-        gen = torch.Generator(device=logits.device)
-        gen.manual_seed(draw_seed(sp.seed, row.token_index))
-        tokens[i] = torch.multinomial(probs, 1, generator=gen)[0]
-    return tokens
+    drawn = [
+        i
+        for i, row in enumerate(rows)
+        if not (row.sampling.greedy or row.discard or not row.samples)  # no draw unkept
+    ]
+    if not drawn:
+        return tokens
+    dev = logits.device
+    params = [rows[i].sampling for i in drawn]
+    at = _on(dev, drawn, torch.long)
+    temperature = _on(dev, [sp.temperature for sp in params], torch.float32)
+    top_k = _on(dev, [sp.top_k for sp in params], torch.long)
+    top_p = _on(dev, [sp.top_p for sp in params], torch.float32)
+    seeds = _on(dev, [draw_seed(rows[i].sampling.seed, rows[i].token_index) for i in drawn],
+                torch.long)  # fmt: skip
+    scaled = logits.index_select(0, at).float() / temperature[:, None]
+    filtered = filter_logits(scaled, top_k, top_p)
+    choice = torch.argmax(filtered.double() + gumbel(seeds, logits.shape[-1]), dim=-1)
+    return tokens.index_copy(0, at, choice.to(tokens.dtype))
