@@ -474,6 +474,35 @@ def test_paced_simulator_sends_no_token_before_its_predicted_time(tmp_path) -> N
     assert metrics["clock"] == "virtual" and metrics["cost_model"] == "analytic"
 
 
+def test_stop_after_requests_drains_as_sigterm_does(tmp_path) -> None:
+    """`server.stop_after_requests` stops as SIGTERM does: once the request that reaches the
+    bound is answered, new requests and /health get 503 while a stream already in flight
+    goes on to its last token; then the server stops by itself. (The tiny model simulated,
+    paced and slowed to about 35 ms a token, so the stream outlasts the checks.)"""
+    paced = ["executor=simulated", "executor.pace=wall", "executor.speed=0.005"]
+    with served(tmp_path, "model=tiny", *paced, "server.stop_after_requests=1") as s:
+        client = s.client()
+        stream = iter(
+            client.completions.create(
+                model="tiny", prompt="Hi", max_tokens=60, extra_body=EOS, stream=True
+            )
+        )
+        next(stream)
+        client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_body=EOS)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert refused.value.status_code == 503
+        assert refused.value.body["type"] == "service_unavailable"
+        assert httpx.get(f"{s.url}/health", timeout=10).status_code == 503
+        assert s.metric("num_requests_running") == 1
+        assert [c.choices[0].finish_reason for c in stream][-1] == "length"
+        s.running.loop.thread.join(30)  # the drain over, the engine loop ends by itself
+        assert not s.running.loop.thread.is_alive()
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert sorted(int(r["output_tokens"]) for r in rows) == [2, 60]
+    assert {r["finish_reason"] for r in rows} == {"length"}
+
+
 def test_run_info_is_returned(tiny, tmp_path) -> None:
     with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
         s.client().completions.create(model="tiny", prompt="Hi", max_tokens=2)

@@ -1,6 +1,7 @@
 """`python serve.py` as a user runs it: a subprocess on a free port of 127.0.0.1, driven
-over HTTP, stopped by SIGINT, leaving the run folder and the MLflow run as `run.py` does;
-and a user's config mistake as one `error:` line."""
+over HTTP, stopped by SIGINT or SIGTERM (a drain: 503s while in-flight streams finish),
+leaving the run folder and the MLflow run as `run.py` does; and a user's config mistake as
+one `error:` line."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
@@ -23,14 +27,26 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx2")  # what `openai` uses
 
 
-def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None:
+class Serve:
+    """`serve.py` in a subprocess, once it accepts: its process, its URL, what it printed."""
+
+    def __init__(self, proc: subprocess.Popen[str], url: str, said: list[str]) -> None:
+        self.proc, self.url, self.said = proc, url, said
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 120) -> tuple[str, str]:
+        """Send `sig`; its stdout (the rest) and stderr once it has exited."""
+        self.proc.send_signal(sig)
+        return self.proc.communicate(timeout=timeout)
+
+
+@contextmanager
+def serve(tmp_path: Path, *overrides: str) -> Iterator[Serve]:
+    """`serve.py model=tiny` on a free port of 127.0.0.1, bounded (`server.stop_after_s`)
+    and killed on leaving if it is still up."""
     proc = subprocess.Popen(
         [
-            sys.executable, "serve.py", "model=tiny", "output=deferred", "window=2",
-            "server.port=0", "server.stop_after_s=120", f"hydra.run.dir={tmp_path}",
-            "observers=[console,mlflow]", "mlflow.background=false",
-            "engine.packed_linears=false", "engine.paged_kernel=false",
-            "engine.argmax_kernel=false",
+            sys.executable, "serve.py", "model=tiny", "server.port=0",
+            "server.stop_after_s=120", f"hydra.run.dir={tmp_path}", *overrides,
         ],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -47,22 +63,30 @@ def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None
             found = re.search(r"serving tiny on http://127\.0\.0\.1:(\d+)", line)
             port = int(found.group(1)) if found else None
         assert port is not None, proc.stderr.read() if proc.stderr else ""
+        yield Serve(proc, f"http://127.0.0.1:{port}", said)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None:
+    with serve(
+        tmp_path, "output=deferred", "window=2", "observers=[console,mlflow]",
+        "mlflow.background=false", "engine.packed_linears=false",
+        "engine.paged_kernel=false", "engine.argmax_kernel=false",
+    ) as s:  # fmt: skip
+        said = s.said
         assert said[0].startswith("nanoserve: serving · scheduler="), said  # no request count
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with httpx.Client(base_url=s.url, timeout=30) as http:
             for n in (3, 5):
                 r = http.post(
                     "/v1/completions",
                     json={"prompt": "Hello", "max_tokens": n, "ignore_eos": True},
                 )
                 assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == n
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
+        _, err = s.stop(signal.SIGINT)
+    assert s.proc.returncode == 0, err[-3000:]
     assert (tmp_path / "serve.log").is_file()  # the log named after the command
     assert "Warning" not in err, err[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -78,6 +102,110 @@ def test_sigint_writes_the_run_folder_and_the_mlflow_run(tmp_path: Path) -> None
     )
     assert run.info.status == "FINISHED" and run.data.metrics["tokens_kept"] == 8
     assert run.data.params["output.name"] == "deferred"
+
+
+# The tiny model simulated on an H100's profile, paced on the wall clock and slowed so that
+# each token takes about 35 ms: a stream lasts seconds, whatever this machine's speed.
+PACED = ["executor=simulated", "executor.pace=wall", "executor.speed=0.005", "observers=[]"]
+
+
+@contextmanager
+def open_stream(http: Any, max_tokens: int) -> Iterator[Iterator[str]]:
+    """A streamed completion's lines, its first token already read."""
+    body = {
+        "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+        yield lines
+
+
+def rest(lines: Iterator[str]) -> tuple[list[str], dict[str, Any] | None]:
+    """A stream's remaining chunks to `[DONE]`: the finish reasons given, and its usage."""
+    finishes, use = [], None
+    for line in lines:
+        if line == "data: [DONE]":
+            break
+        if line.startswith("data: "):
+            chunk = json.loads(line.removeprefix("data: "))
+            finishes += [c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]]
+            use = chunk.get("usage") or use
+    return finishes, use
+
+
+def wait_for_drain(http: Any) -> Any:
+    """/health once the server drains (503), polled for a bounded while."""
+    deadline = time.monotonic() + 10
+    while (r := http.get("/health")).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return r
+
+
+def test_sigterm_drains_with_503s_while_a_stream_finishes(tmp_path: Path) -> None:
+    """SIGTERM with a stream in flight: the server still listens, answers new requests and
+    /health with 503 in OpenAI's schema (counted in /metrics, which still answers), lets the
+    stream send all its tokens, then exits 0 and writes its run folder."""
+    with serve(tmp_path, *PACED, "server.shutdown_timeout_s=20") as s:
+        # a stream of 120 tokens: about 4 s
+        with httpx.Client(base_url=s.url, timeout=30) as http, open_stream(http, 120) as lines:
+            s.proc.send_signal(signal.SIGTERM)
+            health = wait_for_drain(http)
+            assert health.status_code == 503
+            assert health.json()["error"]["type"] == "service_unavailable"
+            r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            error = r.json()["error"]
+            assert error["type"] == "service_unavailable"
+            assert "shutting down" in error["message"]
+            assert http.get("/v1/models").status_code == 503
+            scrape = http.get("/metrics")
+            assert scrape.status_code == 200
+            assert 'request_refused_total{model_name="tiny",status="503"} 2.0' in scrape.text
+            assert 'num_requests_running{model_name="tiny"} 1.0' in scrape.text
+            finishes, use = rest(lines)
+        assert finishes == ["length"] and use is not None
+        assert use["completion_tokens"] == 120
+        out, err = s.proc.communicate(timeout=60)
+    assert s.proc.returncode == 0, err[-3000:]
+    assert "stopping: new requests are answered 503 while the 1 in flight finish" in out
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["requests"] == metrics["requests_finished"] == 1
+    assert metrics["aborted"] == 0 and metrics["incomplete"] is False
+    (row,) = csv.DictReader((tmp_path / "requests.csv").open())
+    assert row["finish_reason"] == "length" and int(row["output_tokens"]) == 120
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "signals"), [(1, 1), (60, 2)], ids=["past-the-timeout", "second-signal"]
+)
+def test_a_stream_past_the_drain_is_aborted(tmp_path: Path, timeout_s: int, signals: int):
+    """A stream that outlasts `server.shutdown_timeout_s`, or a second SIGTERM during the
+    drain: the stream ends with finish reason `abort`, the process exits 0 long before the
+    stream would have ended, and the run folder is complete, the request aborted."""
+    with serve(tmp_path, *PACED, f"server.shutdown_timeout_s={timeout_s}") as s:
+        # a stream of 1000 tokens: about 35 s
+        with httpx.Client(base_url=s.url, timeout=30) as http, open_stream(http, 1000) as lines:
+            s.proc.send_signal(signal.SIGTERM)
+            assert wait_for_drain(http).status_code == 503
+            if signals == 2:
+                s.proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            finishes, use = rest(lines)
+            ended = time.monotonic() - t0
+        assert finishes == ["abort"] and use is not None
+        assert 0 < use["completion_tokens"] < 1000
+        assert ended < 15, ended  # not the stream's 35 s, nor a 60 s drain
+        _, err = s.proc.communicate(timeout=60)
+    assert s.proc.returncode == 0, err[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["requests"] == 1 and metrics["aborted"] == 1
+    assert metrics["incomplete"] is False
+    (row,) = csv.DictReader((tmp_path / "requests.csv").open())
+    assert row["finish_reason"] == "abort"
+    assert int(row["output_tokens"]) == use["completion_tokens"]
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,11 @@ class ServerConfig:
     # The name /v1/models lists and requests may give as `model`; null: the model's own
     # (the folder's name, smollm2, tiny).
     model_name: str | None = None
-    # Seconds in-flight requests get to finish after SIGINT / SIGTERM; the rest are aborted.
+    # Seconds in-flight requests get to finish after SIGINT / SIGTERM while new ones are
+    # answered 503 (a drain); the rest are then aborted. A second signal stops at once.
     shutdown_timeout_s: float = 10.0
-    # The server stops by itself (as on SIGINT) after this many seconds or requests; null:
+    # The server stops by itself (the same drain as on SIGINT) after this many seconds or
+    # requests; null:
     # runs until stopped. For tests and bounded benchmarks.
     stop_after_s: float | None = None
     stop_after_requests: int | None = None

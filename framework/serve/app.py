@@ -49,6 +49,7 @@ class ServerState:
     api_key: str | None = None  # the Bearer key every /v1 route asks for (None: none)
     max_body_bytes: int | None = None  # the largest body accepted (None: no bound)
     on_request_done: Callable[[], None] = lambda: None
+    draining: Callable[[], bool] = lambda: False  # stopping: new requests are answered 503
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -65,10 +66,13 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
-        """The API's own refusals, before a body is parsed: a missing or wrong key (401),
-        a body over `server.max_body_bytes` (413). /health and /metrics stay open, for the
-        load balancer and the scraper."""
+        """The API's own refusals, before a body is parsed: a server stopping (503), a
+        missing or wrong key (401), a body over `server.max_body_bytes` (413). /health and
+        /metrics stay open, for the load balancer and the scraper."""
         if request.url.path.startswith("/v1/"):
+            if state.draining():
+                state.metrics.refuse(503)
+                return shutting_down()
             refused = await refusal(state, request)
             if refused is not None:
                 return errors.error_response(refused)
@@ -76,6 +80,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        """503 from the moment the server starts to stop, so that a load balancer sends
+        nothing more here while in-flight requests finish."""
+        if state.draining():
+            return shutting_down()
         if state.loop.error is not None or not state.loop.thread.is_alive():
             return errors.error_response(ApiError(503, "the engine loop has stopped"))
         return Response(status_code=200)
@@ -137,6 +145,17 @@ async def refusal(state: ServerState, request: Request) -> ApiError | None:
     return None
 
 
+def shutting_down() -> Response:
+    """The answer of a server that is stopping: 503 in OpenAI's schema, and `Retry-After`
+    so that a client (the `openai` package retries 503s) tries again in a second, when a
+    load balancer has sent it to another replica."""
+    response = errors.error_response(
+        ApiError(503, "the server is shutting down: it takes no new request")
+    )
+    response.headers["Retry-After"] = "1"
+    return response
+
+
 async def generate(
     state: ServerState, body: SamplingFields, ids: list[int], chat: bool, request: Request
 ) -> Response:
@@ -166,7 +185,7 @@ async def generate(
     if first.rejected is not None:
         if loop.closing:
             state.metrics.refuse(503)
-            raise ApiError(503, "the server is shutting down")
+            return shutting_down()
         state.metrics.refuse(400)
         raise ApiError(
             400, f"this request can never be served here: {first.rejected}", "max_tokens"

@@ -128,6 +128,7 @@ class EngineLoop:
         self.state = EngineState()
         self._last_arrival = 0.0
         self.closing = False
+        self._ended = False  # the loop's last turn is over: a request now is refused at once
         self.t0 = time.perf_counter()
         self.result: RunResult | None = None
         self.error: BaseException | None = None
@@ -155,18 +156,33 @@ class EngineLoop:
         """The engine's numbers as of the loop's last turn."""
         return self.state
 
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished: what a graceful stop waits for. For an
+        instant one may be counted twice (taken in, not yet out of the queued count), never
+        missed."""
+        with self._lock:
+            return len(self.live) + self._queued
+
     def submit(self, stream: Stream) -> None:
         with self._lock:
+            if self._ended:
+                stream.put(Event(rejected="the server is shutting down"))
+                return
             self._queued += 1
-        self.inbox.put(("submit", stream))
+            self.inbox.put(("submit", stream))
 
     def abort(self, stream: Stream, reason: str = ABORTED) -> None:
         self.inbox.put(("abort", stream, reason))
 
-    def stop(self, timeout: float | None = None) -> RunResult | None:
-        """Abort what is still in flight, run the engine empty, check its books; the
-        result (None if the loop failed: `error` says why)."""
+    def close(self) -> None:
+        """Stop taking requests and abort what is still in flight; the loop then runs the
+        engine empty and checks its books. Returns at once (uvicorn's loop calls it)."""
         self.inbox.put(STOP)
+
+    def stop(self, timeout: float | None = None) -> RunResult | None:
+        """`close`, and wait for the loop to end: the result (None if the loop failed:
+        `error` says why)."""
+        self.close()
         self.thread.join(timeout)
         return self.result
 
@@ -199,6 +215,22 @@ class EngineLoop:
             self.live.clear()
             if self.on_failure is not None:
                 self.on_failure(error)
+        finally:
+            self._refuse_late()
+
+    def _refuse_late(self) -> None:
+        """Requests submitted after the last turn are refused, so that no handler waits
+        for an answer that will never come: those already in the inbox, and (`_ended`) any
+        submitted from now on."""
+        with self._lock:
+            self._ended = self.closing = True
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not STOP and item[0] == "submit":
+                item[1].put(Event(rejected="the server is shutting down"))
 
     def _commands(self, block: bool) -> None:
         """Every command waiting; with `block`, sleep until one comes."""

@@ -78,7 +78,11 @@ class EngineCollector(Collector):
         yield counter(
             "request_accepted", "Requests taken into the engine (not refused).", st.accepted
         )
-        yield counter("request_aborted", "Requests aborted: their client went away.", st.aborted)
+        yield counter(
+            "request_aborted",
+            "Requests aborted: their client went away, or the stop's drain ran out.",
+            st.aborted,
+        )
         yield counter(
             "overshoot_tokens", "Tokens sampled past a stop (deferred output).", st.overshoot_tokens
         )
@@ -125,7 +129,7 @@ class ServerMetrics:
         )
         self.refused = Counter(
             P + "request_refused",
-            "Requests refused at admission, by HTTP status (429: the queue bound).",
+            "Requests refused at admission, by HTTP status (429: the queue bound, 503: stopping).",
             ["model_name", "status"],
             registry=self.registry,
         )

@@ -2,9 +2,11 @@
 `server.stop_after_*`), then write the run folder and tell the observers (the MLflow run
 among them) exactly as a batch run does.
 
-Shutdown is graceful: the listening socket closes, in-flight requests get
-`server.shutdown_timeout_s` to finish, those still running after it are aborted (finish
-reason `abort`), the engine runs empty and its books are checked (`Engine.finish`).
+The stop is graceful (`Drain`): the server keeps listening but answers every new request
+503 (and /health 503, so a load balancer turns away) while in-flight requests go on, for up
+to `server.shutdown_timeout_s`; then those still running are aborted (finish reason
+`abort`), uvicorn exits, the engine runs empty and its books are checked (`Engine.finish`).
+A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def check_before_loading(cfg: DictConfig) -> None:
         )
 
 
+# Seconds uvicorn gives the handlers once the engine has aborted what was left: enough to
+# send each its last chunk (the abort comes within one step), a bound on a client that
+# stopped reading.
+TAIL_S = 5
+
+
 def model_name(cfg: DictConfig) -> str:
     if cfg.server.model_name:
         return str(cfg.server.model_name)
@@ -91,8 +99,9 @@ def what_serves(cfg: DictConfig, engine: Engine) -> dict[str, Any]:
 
 @dataclass
 class Running:
-    """A server once it accepts: its port, its engine loop, and how to stop it (as SIGINT
-    does). What `serve_http` hands `on_ready`: a test drives a server in its own process."""
+    """A server once it accepts: its port, its engine loop, and how to stop it (as a first
+    SIGINT does: a drain). What `serve_http` hands `on_ready`: a test drives a server in
+    its own process."""
 
     port: int
     loop: EngineLoop
@@ -126,17 +135,17 @@ def serve_http(
     said = what_serves(cfg, engine)
     holder: dict[str, Any] = {}
 
-    def stop_server(*_: Any) -> None:
+    def halt(*_: Any) -> None:
+        """The engine loop failed: nothing is left to drain."""
         server = holder.get("server")
         if server is not None:
             server.should_exit = True
 
-    loop = EngineLoop(
-        engine, tokenizer.eos_token_id, cfg.executor.pace == "wall", on_failure=stop_server
-    )
+    loop = EngineLoop(engine, tokenizer.eos_token_id, cfg.executor.pace == "wall", on_failure=halt)
+    drain = Drain(loop, float(cfg.server.shutdown_timeout_s))
     metrics = ServerMetrics(loop, name, {k: str(v) for k, v in said.items()})
     loop.on_finished = metrics.finished
-    done = Counted(cfg.server.stop_after_requests, stop_server)
+    done = Counted(cfg.server.stop_after_requests, drain.ask)
     state = ServerState(
         loop=loop,
         prompts=Prompts(tokenizer, engine, int(cfg.seed)),
@@ -149,23 +158,24 @@ def serve_http(
         api_key=cfg.server.api_key or os.environ.get("NANOSERVE_API_KEY") or None,
         max_body_bytes=cfg.server.max_body_bytes,
         on_request_done=done.tick,
+        draining=lambda: drain.draining,
     )
     config = uvicorn.Config(
         create_app(state),
         log_level="warning",
         access_log=False,
         lifespan="off",
-        timeout_graceful_shutdown=int(max(1, round(cfg.server.shutdown_timeout_s))),
+        timeout_graceful_shutdown=TAIL_S,
     )
     ready = None
     if on_ready is not None:
-        running = Running(sock.getsockname()[1], loop, stop_server)
+        running = Running(sock.getsockname()[1], loop, drain.ask)
         ready = lambda: on_ready(running)  # noqa: E731
-    server = QuietServer(config, banner(sock, name, said), ready)
+    server = QuietServer(config, banner(sock, name, said), drain, ready)
     holder["server"] = server
     timer = None
     if cfg.server.stop_after_s is not None:
-        timer = threading.Timer(float(cfg.server.stop_after_s), stop_server)
+        timer = threading.Timer(float(cfg.server.stop_after_s), drain.ask)
         timer.daemon = True
     try:
         start_run(info, hooks, began)
@@ -193,6 +203,55 @@ def serve_http(
     write_results(output_dir, cfg, result, info.summary, info.texts)
     hooks.on_run_end(run=info, summary=info.summary)
     return info
+
+
+class Drain:
+    """The graceful stop. Asked once (SIGINT, SIGTERM, `server.stop_after_*`), the server
+    drains: it keeps listening and answers each new request 503, so that clients and load
+    balancers go elsewhere rather than meet a refused connection, while the requests in
+    flight go on. Once none is left, or `timeout_s` has passed, or a second signal comes,
+    the engine loop aborts what remains and uvicorn exits. Asking only sets numbers (a
+    signal handler asks); uvicorn's loop looks at them every tick (`over`)."""
+
+    def __init__(self, loop: EngineLoop, timeout_s: float) -> None:
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self.asked_at: float | None = None  # monotonic seconds
+        self.signals = 0
+        self.told = False
+
+    @property
+    def draining(self) -> bool:
+        return self.asked_at is not None
+
+    def ask(self, *_: Any) -> None:
+        """Drain (from any thread); asking again changes nothing."""
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()
+
+    def on_signal(self, *_: Any) -> None:
+        """SIGINT / SIGTERM: the first drains, the next stops at once."""
+        self.signals += 1
+        self.ask()
+
+    def over(self) -> bool:
+        """Whether uvicorn exits now (on its loop, every tick); if so the engine loop has
+        been told to abort what is still in flight."""
+        if self.asked_at is None:
+            return False
+        left = self.loop.in_flight()
+        waited = time.monotonic() - self.asked_at
+        if left and self.signals < 2 and waited < self.timeout_s:
+            if not self.told:
+                self.told = True
+                print(
+                    f"nanoserve: stopping: new requests are answered 503 while the {left} in "
+                    f"flight finish, for {self.timeout_s:g} s at most (a second Ctrl-C stops now)",
+                    flush=True,
+                )
+            return False
+        self.loop.close()
+        return True
 
 
 class Counted:
@@ -231,11 +290,14 @@ def banner(sock: socket.socket, name: str, said: dict[str, Any]) -> str:
 
 
 class QuietServer:
-    """uvicorn's server, started on our socket, printing one line once it accepts. On
-    SIGINT / SIGTERM it shuts down gracefully and returns, so the run folder is written;
-    uvicorn's own handlers would raise the signal again once it has stopped."""
+    """uvicorn's server, started on our socket, printing one line once it accepts. SIGINT
+    and SIGTERM go to `drain`, which decides each tick when to exit; the server then
+    returns, so the run folder is written (uvicorn's own handlers would exit at once, and
+    raise the signal again once stopped)."""
 
-    def __init__(self, config: Any, line: str, ready: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, config: Any, line: str, drain: Drain, ready: Callable[[], None] | None = None
+    ) -> None:
         import uvicorn
 
         line_to_print = line
@@ -247,13 +309,16 @@ class QuietServer:
                 if ready is not None:
                     ready()
 
+            async def on_tick(self, counter: int) -> bool:
+                return await super().on_tick(counter) or drain.over()
+
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:
                 if threading.current_thread() is not threading.main_thread():
                     yield
                     return
                 sigs = (signal.SIGINT, signal.SIGTERM)
-                before = {s: signal.signal(s, self.handle_exit) for s in sigs}
+                before = {s: signal.signal(s, drain.on_signal) for s in sigs}
                 try:
                     yield
                 finally:
