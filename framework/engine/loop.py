@@ -262,18 +262,18 @@ class Engine:
     def fail(self) -> list[Sequence]:
         """This replica is lost now (`replica_loss.lose_replica`): the copies of the
         unfinished requests it held, for the cluster to re-route."""
-        return lose_replica(self)
+        self.aborts.aborting.clear()
+        return lose_replica(self.planner)
 
     def take_over(self, copy: Sequence) -> None:
         """A request re-routed from a failed replica (`Sequence.rerouted_copy`) joins the
         waiting queue now, behind those that have arrived here by now."""
         self.seqs.append(copy)
-        self.planner.arrive(self.now())
         reason = why_never(copy, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
         if reason:
             copy.status, copy.reject_reason = Status.REJECTED, reason
         else:
-            self.planner.waiting.append(copy)
+            self.planner.enqueue(copy, now=True)
 
     def take_handed_off(self) -> list[HandOff]:
         """The requests handed off since the last call (a prefill replica's, each after its

@@ -71,8 +71,7 @@ class Planner:
 
     def fail(self, group: str, msg: str) -> PolicyError:
         """The error a decision that breaks the contract raises, naming the policy."""
-        who = self.p.providers.get(group)
-        tag = f" ({who})" if who else ""
+        tag = f" ({self.p.providers[group]})" if self.p.providers.get(group) else ""
         return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}{tag}: {msg}")
 
     # ---- the plan --------------------------------------------------------------------
@@ -116,9 +115,21 @@ class Planner:
         return rows
 
     # ---- the queues ------------------------------------------------------------------
-    def enqueue(self, seq: Sequence) -> None:
-        """`seq` will arrive (no earlier than any enqueued before it)."""
-        self.pending.append(seq)
+    def enqueue(self, seq: Sequence, now: bool = False) -> None:
+        """`seq` will arrive (no earlier than any enqueued before it); `now`: it waits from
+        now, behind what has arrived by now (taken over from a failed replica)."""
+        if not now:
+            return self.pending.append(seq)
+        self.arrive(self.now())
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def empty(self) -> list[Sequence]:
+        """Every request leaves the queues, running rows first (a replica's failure)."""
+        out = [*self.running, *self.waiting, *self.pending]
+        for queue in (self.running, self.waiting, self.pending):
+            queue.clear()
+        return out
 
     def arrive(self, now: float) -> None:
         """Requests whose arrival time has come join the waiting queue."""
@@ -311,11 +322,9 @@ class Planner:
         few blocks for the positions this step writes (the original error, if not)."""
         if len(seq.block_table) * self.pool.block_size >= seq.total_len:
             return exc
-        return self.fail(
-            "allocator",
-            f"left {seq.id} {len(seq.block_table)} blocks for {seq.total_len} cached tokens "
-            f"({seq.num_held} held on the device)",
-        )
+        n, total, held = len(seq.block_table), seq.total_len, seq.num_held
+        msg = f"left {seq.id} {n} blocks for {total} cached tokens ({held} held on the device)"
+        return self.fail("allocator", msg)
 
     # ---- admissions ------------------------------------------------------------------
     def choose(self) -> tuple[list[Sequence], dict[Sequence, int]]:

@@ -22,17 +22,18 @@ from framework.engine.invariants import InvariantError
 from framework.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from framework.engine.loop import Engine
+    from framework.engine.planner import Planner
 
 
-def lose_replica(engine: Engine) -> list[Sequence]:
-    """Fail `engine` now: every unfinished request it holds leaves it, lost, and its copies
-    to re-route are returned, oldest arrival first. Finished rows a static batch still
-    keeps are released as finished (their clients have every token)."""
-    planner, output, counters = engine.planner, engine.output, engine.counters
+def lose_replica(planner: Planner) -> list[Sequence]:
+    """Fail the replica whose queues `planner` owns, now: every unfinished request it holds
+    leaves it, lost, and its copies to re-route are returned, oldest arrival first.
+    Finished rows a static batch still keeps are released as finished (their clients have
+    every token)."""
+    output, counters = planner.output, planner.counters
     if planner.handoffs:
         raise InvariantError("a replica holding KV hand-offs cannot fail (cluster.roles)")
-    now = engine.now()
+    now = planner.now()
     for held in output.steps:  # sampled on the device, never read back: lost with it
         for seq, discard in zip(held.rows, held.discard, strict=True):
             if not discard:
@@ -40,21 +41,17 @@ def lose_replica(engine: Engine) -> list[Sequence]:
         counters.held_tokens -= held.kept_rows
         counters.lost_tokens += held.kept_rows
     output.steps.clear()
-    engine.aborts.aborting.clear()
     lost: list[Sequence] = []
-    for seq in list(planner.running):
-        planner.running.remove(seq)
-        if seq.finish_reason is not None:  # every token delivered: it finished here
+    for seq in planner.empty():
+        if seq.status in (Status.WAITING, Status.PENDING):  # it holds nothing
+            seq.status, seq.released_at = Status.LOST, now
+        elif seq.finish_reason is not None:  # every token delivered: it finished here
             planner.release(seq, Status.RELEASED, now)
             continue
-        counters.failure_recomputed_tokens += min(seq.num_computed, seq.num_tokens)
-        planner.release(seq, Status.LOST, now)
+        else:
+            counters.failure_recomputed_tokens += min(seq.num_computed, seq.num_tokens)
+            planner.release(seq, Status.LOST, now)
         lost.append(seq)
-    for queue in (planner.waiting, planner.pending):
-        for seq in queue:
-            seq.status, seq.released_at = Status.LOST, now
-            lost.append(seq)
-        queue.clear()
-    engine.pool.forget_all()
+    planner.pool.forget_all()
     lost.sort(key=lambda s: s.arrival)
     return [seq.rerouted_copy() for seq in lost]
