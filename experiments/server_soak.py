@@ -34,8 +34,6 @@ import csv
 import json
 import random
 import re
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -385,7 +383,7 @@ def report(command: str, facts: dict[str, Any], found: dict[str, Any], verdicts:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from experiments.bench.serve_bench import NAME, start_server
+    from experiments.bench.serve_bench import NAME, start_server, stop_server
 
     """The soak against `serve.py` in its own process (the clients' work not on its GIL)."""
     from framework.run.compose import compose_cfg
@@ -418,11 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     verdicts = checks(s, server_rows(out / "server"), max_waiting)
     exited = f"serve.py exited {proc.returncode} (0: the engine's books closed at its stop)"
     verdicts.append({"check": "server exit", "ok": proc.returncode == 0, "detail": exited})

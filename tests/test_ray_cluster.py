@@ -147,6 +147,22 @@ def test_a_sweep_on_a_ray_cluster_is_one_parent_with_a_child_per_job(
     assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
 
 
+def run_all(runs: list[list[str]], env: dict[str, str]) -> None:
+    """`python run.py ARGS` for each, in turn; each must finish."""
+    for args in runs:
+        proc = subprocess.run(
+            [sys.executable, "run.py", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def outputs(folder: Path) -> dict[str, list[int]]:
+    """A run folder's output tokens, by request id."""
+    lines = (folder / "outputs.jsonl").read_text().splitlines()
+    return {d["id"]: d["output_token_ids"] for d in map(json.loads, lines)}
+
+
 def test_real_replicas_on_ray_serve_what_one_engine_serves(
     ray_cluster: str, tmp_path: Path
 ) -> None:
@@ -166,16 +182,7 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
          "mlflow.background=false", f"hydra.run.dir={cluster}"],
         [*common, "observers=[]", f"hydra.run.dir={alone}"],
     ]  # fmt: skip
-    for args in runs:
-        proc = subprocess.run(
-            [sys.executable, "run.py", *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    def outputs(folder: Path) -> dict[str, list[int]]:
-        lines = (folder / "outputs.jsonl").read_text().splitlines()
-        return {d["id"]: d["output_token_ids"] for d in map(json.loads, lines)}
+    run_all(runs, env)
 
     assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 8
     metrics = json.loads((cluster / "metrics.json").read_text())
@@ -216,16 +223,7 @@ def test_killing_one_of_two_ray_replicas_mid_run_loses_no_request(
          f"hydra.run.dir={cluster}"],
         [*common, f"hydra.run.dir={alone}"],
     ]  # fmt: skip
-    for args in runs:
-        proc = subprocess.run(
-            [sys.executable, "run.py", *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    def outputs(folder: Path) -> dict[str, list[int]]:
-        lines = (folder / "outputs.jsonl").read_text().splitlines()
-        return {d["id"]: d["output_token_ids"] for d in map(json.loads, lines)}
+    run_all(runs, env)
 
     assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 40
     metrics = json.loads((cluster / "metrics.json").read_text())

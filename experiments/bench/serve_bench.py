@@ -74,6 +74,16 @@ def start_server(out: Path, overrides: list[str], max_seconds: float) -> tuple[A
     raise SystemExit(f"serve.py did not start (exit {proc.poll()}): {' '.join(cmd)}")
 
 
+def stop_server(proc: Any) -> None:
+    """SIGINT, as a user stops it (it drains, then writes its run folder); killed if it has
+    not stopped within two minutes."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def run_guidellm(
     port: int, streams: int, requests: int, seconds: float, prompt: int, output: int,
     tokenizer: Path, out: Path,
@@ -209,11 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             for c in levels
         }
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     if proc.returncode != 0:
         raise SystemExit(f"serve.py exited {proc.returncode}")
     server = server_requests(out / "server")
