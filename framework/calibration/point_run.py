@@ -122,7 +122,13 @@ def serve_point(overrides: list[str], loaded: tuple[Any, ...], point: Point, see
     packed = any(hasattr(m, PACKED) for m in model.modules())  # as this engine left it
     paths = {
         "linear": "onednn-packed (rows bucketed)" if packed else "torch",
-        "decode_attention": "paged-kernel" if rec.inner.kernel else "gather+sdpa",
+        "decode_attention": (
+            "flex-attention"
+            if rec.inner.flex_dec.use
+            else "paged-kernel"
+            if rec.inner.kernel
+            else "gather+sdpa"
+        ),
         "argmax": "kernel" if rec.inner.greedy.use else "torch",
     }
     return PointRun(point, rec.steps, list(result.steps), wall, foreign, extra=paths)

@@ -14,10 +14,13 @@ from transformers import PreTrainedModel
 from framework.engine.batch import HELD, StepBatch
 from framework.engine.executor import ExecResult
 from framework.engine.kv_cache import KVCache
+from framework.executors.flex_paged import decode_plan, prefill_plan
 from framework.executors.kernel_choice import (
     AUTO,
+    Choice,
     choose_argmax,
     choose_decode_kernel,
+    choose_flex,
     choose_glue,
     choose_linears,
 )
@@ -38,6 +41,8 @@ class HFExecutor:
         paged_kernel: Any = AUTO,
         argmax_kernel: Any = AUTO,
         layer_glue: Any = AUTO,
+        flex_decode: Any = AUTO,
+        flex_prefill: Any = AUTO,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -47,18 +52,24 @@ class HFExecutor:
         # measured on this machine unless set (auto / true / false).
         self.linears = choose_linears(model, packed_linears)
         self.glue = choose_glue(model, layer_glue, device)
+        bs = cache.block_size
+        self.flex_dec = choose_flex(flex_decode, "flex_decode", device, bs)
+        self.flex_pre = choose_flex(flex_prefill, "flex_prefill", device, bs)
         layer = cache.k[0]
         cfg = model.config
         heads = cfg.num_attention_heads
-        self.decode = choose_decode_kernel(
-            paged_kernel,
-            device,
-            layer.dtype,
-            heads,
-            layer.shape[1],
-            layer.shape[-1],
-            cache.block_size,
-        )
+        if self.flex_dec.use:  # flex_attention serves the decode rows: no kernel timed or run
+            self.decode = Choice(False, "set", "flex_decode")
+        else:
+            self.decode = choose_decode_kernel(
+                paged_kernel,
+                device,
+                layer.dtype,
+                heads,
+                layer.shape[1],
+                layer.shape[-1],
+                cache.block_size,
+            )
         self.kernel = self.decode.use
         self.greedy = choose_argmax(argmax_kernel, device, cfg.vocab_size)
         self._argmax = kernel_argmax if self.greedy.use else None
@@ -82,6 +93,8 @@ class HFExecutor:
         prefills: list[PrefillRow] = []
         held_at: list[int] = []  # packed index of each row whose input is on the device
         held_rows: list[int] = []
+        # each prefill row's (packed start, queries, first position, blocks) for flex_attention
+        flex_rows: list[tuple[int, int, int, list[int]]] | None = [] if self.flex_pre.use else None
         for i, row in enumerate(batch.rows):
             start = len(ids)
             tokens = row.token_ids
@@ -101,7 +114,9 @@ class HFExecutor:
                 continue
             pos += range(first, first + q)
             ctx = None
-            if first > 0:  # a prefill over cached context: read it through blocks
+            if flex_rows is not None:  # flex_attention reads every prefill row through blocks
+                flex_rows.append((start, q, first, row.block_table[: -(-row.ctx_len // bs)]))
+            elif first > 0:  # a prefill over cached context: read it through blocks
                 table = torch.tensor(row.block_table[: -(-row.ctx_len // bs)])
                 ctx = _send((table[:, None] * bs + torch.arange(bs)).view(-1)[: row.ctx_len], dev)
             prefills.append(PrefillRow(start, q, ctx))
@@ -114,8 +129,18 @@ class HFExecutor:
         blocks = _send(_longs(padded).view(len(dec_tables), width), dev)
         lens = _send(_longs(dec_lens).view(-1, 1, 1, 1), dev)
         mask = None  # the gather path's mask, made where it is read
-        if not self.kernel:
+        if not self.kernel and not self.flex_dec.use:
             mask = torch.arange(width * bs, device=dev).view(1, 1, 1, -1) < lens
+        cols = self.cache.num_blocks + 1  # the pool's blocks, scratch included
+        flex_dec = flex_pre = None
+        if self.flex_dec.use and dec_idx:
+            flex_dec = decode_plan(blocks, lens, bs, cols)
+        if flex_rows:
+
+            def send(values: list[int]) -> torch.Tensor:
+                return _send(_longs(values), dev)
+
+            flex_pre = prefill_plan(flex_rows, bool(dec_idx), bs, cols, send)
         paged = PagedBatch(
             cache=self.cache,
             slot_mapping=_send(_longs(slots), dev),
@@ -125,6 +150,8 @@ class HFExecutor:
             decode_mask=mask,
             prefills=prefills,
             decode_kernel=self.kernel,
+            flex_decode=flex_dec,
+            flex_prefill=flex_pre,
         )
         if batch.device_inputs is not None and len(held_at) == len(ids):
             input_ids = batch.device_inputs.reshape(1, -1).to(torch.long)
@@ -140,11 +167,16 @@ class HFExecutor:
 
     def describe(self) -> dict[str, str]:
         """The executor, and the kernels this machine got: what ran, how it was decided
-        (measured, set, unavailable) and on what timings."""
+        (measured, set, default, unavailable) and on what timings."""
+        flex = self.flex_dec
         return {
             "executor": "model",
             "linears": self.linears.said("packed", "stock"),
-            "decode_attention": self.decode.said("paged_kernel", "gather_sdpa"),
+            "decode_attention": flex.said("flex_attention", "")
+            if flex.use
+            else self.decode.said("paged_kernel", "gather_sdpa"),
+            "flex_decode": flex.said("on", "off"),  # why flex_attention serves, or why not
+            "prefill_attention": self.flex_pre.said("flex_attention", "sdpa_per_row"),
             "argmax": self.greedy.said("kernel", "torch"),
             "layer_glue": self.glue.said("fused", "eager"),
             # A GPU runs its queue while the engine's host work goes on (deferred output

@@ -12,8 +12,9 @@ machine falls on both sides), and kept for the process.
 
 Each choice is reported (`HFExecutor.describe`, so `metrics.json` and MLflow): what runs, how
 it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel` /
-`engine.argmax_kernel`, `engine.layer_glue`, or
-`unavailable` with the reason) and the timings it was decided on.
+`engine.argmax_kernel`, `engine.layer_glue`, `engine.flex_decode` / `engine.flex_prefill`,
+`default` where the device decides unmeasured, or `unavailable` with the reason) and the
+timings it was decided on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.executors import layer_glue
+from framework.executors import flex_paged, layer_glue
 from framework.executors.kernels import argmax, glue
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
@@ -38,12 +39,13 @@ ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds coun
 LINEAR_ROWS = (1, 16, 64)  # a lone decode row, a decode batch, a large batch or a prompt
 REPEAT = 5  # calls per timed round of a short kernel (a layer's attention is ~1 ms)
 MARGIN = 0.97  # packing holds every weight twice: it must win by more than noise
+FLEX_KEYS = ("flex_decode", "flex_prefill")  # flex_attention: chosen by device, not timed
 
 
 @dataclass(frozen=True)
 class Choice:
     use: bool
-    how: str  # measured | set | unavailable
+    how: str  # measured | set | unavailable | default (by device, unmeasured)
     why: str  # the timings it was decided on, or why there was no choice
 
     def said(self, on: str, off: str) -> str:
@@ -60,10 +62,10 @@ def setting(value: Any, key: str) -> bool | None:
         return None
     if text in ("true", "false"):
         return text == "true"
-    raise ValueError(
-        f"engine.{key} must be auto (chosen by a measurement on this machine), true or false; "
-        f"got {value!r}"
-    )
+    auto = "chosen by a measurement on this machine"
+    if key in FLEX_KEYS:
+        auto = "flex_attention on CUDA, today's path elsewhere"
+    raise ValueError(f"engine.{key} must be auto ({auto}), true or false; got {value!r}")
 
 
 def best_of(
@@ -208,6 +210,30 @@ def _kernel_or(
     t = best_of({"kernel": kernel, "other": other}, rounds=5, repeat=REPEAT)
     why = f"kernel {1e3 * t['kernel']:.3g} ms, {other_name} {1e3 * t['other']:.3g} ms {where}"
     return Choice(t["kernel"] < t["other"], "measured", why)
+
+
+# ---- flex_attention: decode rows, and prefill rows in one call ----------------------------
+
+
+def choose_flex(value: Any, key: str, device: torch.device, block_size: int) -> Choice:
+    """`flex_attention` over the blocks where they lie (framework/executors/flex_paged.py)
+    for the decode rows (`key` flex_decode) or every prefill row at once (flex_prefill), or
+    today's path. The default follows the device, untimed: on CUDA, compiled, it is the path
+    meant to serve there (each row's blocks read in place, one kernel a call). Elsewhere it
+    runs eager, scoring each query against the whole pool, and compiled it costs a compile
+    per shape: today's paths stay the default there."""
+    want = setting(value, key)
+    if want is False:
+        return Choice(False, "set", "")
+    eager = flex_paged.why_not_compiled(device)
+    if want:
+        return Choice(True, "set", f"eager: {eager}" if eager else "compiled")
+    if device.type != "cuda":
+        return Choice(False, "default", eager or "")
+    reason = eager or flex_paged.why_not_block_size(block_size)
+    if reason:
+        return Choice(False, "unavailable", reason)
+    return Choice(True, "default", "compiled; the CUDA path")
 
 
 # ---- greedy argmax ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from framework.engine.kv_cache import KVCache
+from framework.executors.flex_paged import FlexDecode, FlexPrefill, flex_decode, flex_prefill
 from framework.executors.kernels.paged_decode import paged_decode
 
 ATTN_NAME = "nanoserve_paged"
@@ -36,6 +37,8 @@ class PagedBatch:
     which reads each row's blocks where they lie (`decode_kernel`, framework/executors/kernels/);
     elsewhere as one padded batch through SDPA, after gathering whole blocks (contiguous
     `block_size` slots) rather than single slots. Prefill rows one at a time, causally.
+    With `flex_decode` / `flex_prefill` (framework/executors/flex_paged.py) the decode rows,
+    or all the prefill rows, are one `flex_attention` call each, over blocks where they lie.
     """
 
     cache: KVCache
@@ -47,6 +50,8 @@ class PagedBatch:
     decode_mask: torch.Tensor | None
     prefills: list[PrefillRow]
     decode_kernel: bool = False  # decode rows through framework/kernels (CPU), blocks in place
+    flex_decode: FlexDecode | None = None  # decode rows through flex_attention
+    flex_prefill: FlexPrefill | None = None  # every prefill row in one flex_attention call
 
 
 def _decode(
@@ -58,6 +63,8 @@ def _decode(
     sliding_window: int | None,
 ) -> torch.Tensor:
     bs = paged.cache.block_size
+    if paged.flex_decode is not None:
+        return flex_decode(qd, k_cache, v_cache, paged.flex_decode, scaling, sliding_window)
     if paged.decode_kernel:
         scale = scaling if scaling is not None else qd.shape[-1] ** -0.5
         lens = paged.decode_lens.view(-1)
@@ -123,6 +130,13 @@ def paged_attention(
     if paged.decode_q_idx.numel():
         qd = q[:, paged.decode_q_idx].transpose(0, 1).unsqueeze(2)  # [Bd, Hq, 1, D]
         out[paged.decode_q_idx] = _decode(qd, k_cache, v_cache, paged, scaling, sliding_window)
+    plan = paged.flex_prefill
+    if plan is not None:
+        op = flex_prefill(q, k_cache, v_cache, plan, scaling, sliding_window)
+        if plan.q_index is None:  # the step is all prefill rows
+            return op.unsqueeze(0), None
+        out[plan.q_index] = op
+        return out.unsqueeze(0), None
     for row in paged.prefills:
         sl = slice(row.q_start, row.q_start + row.q_len)
         qp = q[:, sl].unsqueeze(0)  # [1, Hq, Lq, D]

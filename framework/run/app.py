@@ -202,6 +202,8 @@ def build_engine(
             paged_kernel=e.paged_kernel,
             argmax_kernel=e.argmax_kernel,
             layer_glue=e.layer_glue,
+            flex_decode=e.flex_decode,
+            flex_prefill=e.flex_prefill,
         )
         clock, scratch = WallClock(), cache.scratch_block
     return Engine(

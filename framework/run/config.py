@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.engine.outages import parse_outages
-from framework.executors.kernel_choice import setting
+from framework.executors.kernel_choice import FLEX_KEYS, setting
 from framework.executors.model_loader import TinySpec
 from framework.run.roles import check_disaggregation
 from framework.run.server_config import ServerConfig
@@ -48,6 +48,11 @@ class EngineConfig:
     # one C++ operator each (framework/executors/layer_glue.py; the same bits as the eager
     # modules), or Hugging Face's eager operator chains.
     layer_glue: Any = "auto"
+    # flex_attention over the KV blocks in place (framework/executors/flex_paged.py) for the
+    # decode rows, and for all prefill rows in one call a layer. auto: on CUDA (compiled);
+    # elsewhere today's paths (on CPU it runs eager, over the whole pool).
+    flex_decode: Any = "auto"
+    flex_prefill: Any = "auto"
 
 
 @dataclass
@@ -216,7 +221,8 @@ def check_engine(e: Any) -> None:
         )
     if e.num_blocks is None and e.kv_memory_mb <= 0:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
-    for name in ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue"):
+    kernels = ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue", *FLEX_KEYS)
+    for name in kernels:
         setting(e[name], name)  # auto, true or false
     if e.kv_layout not in KV_LAYOUTS:
         raise ValueError(

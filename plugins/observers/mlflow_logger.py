@@ -180,7 +180,9 @@ class MlflowLogger:
                 "overlap",
                 "linears",
                 "decode_attention",
+                "prefill_attention",
                 "argmax",
+                "layer_glue",
             )
             if k in summary
         }
