@@ -38,7 +38,7 @@ from framework.executors import paged_attention as paged_attention_module
 from framework.executors.hf import HFExecutor
 from framework.executors.kernels.paged_decode import why_not
 from framework.executors.paged_attention import PagedBatch, paged_attention
-from framework.executors.sync_watch import SyncWatch
+from framework.executors.sync_watch import watched
 from framework.run.app import build_engine
 from framework.run.config import check_engine
 from tests.helpers import assert_refused, cli, make_cfg, run_engine
@@ -275,19 +275,11 @@ def test_no_step_waits_with_flex_on(tiny: tuple[Any, Any]) -> None:
     )  # fmt: skip
     engine = build_engine(cfg, model, CPU, torch.float32, registry().pm.hook)
     assert engine.executor.describe()["decode_attention"].startswith("flex_attention (set")
-    forward: list[str] = []
-    execute = engine.executor.execute
-
-    def watched(batch: Any) -> Any:
-        with SyncWatch() as watch:
-            out = execute(batch)
-        forward.extend(watch.calls)
-        return out
-
-    engine.executor.execute = watched
+    forwards: list[list[str]] = []
+    engine.executor.execute = watched(engine.executor.execute, forwards)
     result = engine.run(workload(), tokenizer.eos_token_id)
     assert len(result.seqs) == 7 and all(s.finish_reason for s in result.seqs)
-    assert forward == []
+    assert forwards and not any(forwards), forwards
 
 
 def test_the_choice_by_device_and_setting(monkeypatch: pytest.MonkeyPatch) -> None:

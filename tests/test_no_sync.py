@@ -13,7 +13,7 @@ import torch
 
 from framework.api.registry import registry
 from framework.engine.request import RequestSpec, SamplingParams
-from framework.executors.sync_watch import SyncWatch
+from framework.executors.sync_watch import SyncWatch, watched
 from framework.run.app import build_engine
 from tests.helpers import make_cfg, spec
 
@@ -47,27 +47,13 @@ def test_no_step_waits_and_each_drain_waits_once(tiny: tuple[Any, Any], override
     fixed = ("engine.packed_linears=false", "engine.argmax_kernel=true", "engine.layer_glue=true")
     cfg = make_cfg("model=tiny", "engine.block_size=4", "engine.max_num_seqs=3", *fixed, *overrides)
     engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
-    forward: list[str] = []
+    forwards: list[list[str]] = []
     drains: list[list[str]] = []
-    execute, fetch = engine.executor.execute, engine.readback.fetch
-
-    def watched_execute(batch: Any) -> Any:
-        with SyncWatch() as watch:
-            out = execute(batch)
-        forward.extend(watch.calls)
-        return out
-
-    def watched_fetch(pending: Any) -> Any:
-        with SyncWatch() as watch:
-            out = fetch(pending)
-        drains.append(watch.calls)
-        return out
-
-    engine.executor.execute = watched_execute
-    engine.readback.fetch = watched_fetch
+    engine.executor.execute = watched(engine.executor.execute, forwards)
+    engine.readback.fetch = watched(engine.readback.fetch, drains)
     result = engine.run(workload(), tokenizer.eos_token_id)
     assert len(result.seqs) == 7 and all(s.finish_reason for s in result.seqs)
-    assert forward == []
+    assert forwards and not any(forwards), forwards
     assert drains and all(len(calls) <= 1 for calls in drains), drains
 
 

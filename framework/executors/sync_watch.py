@@ -17,11 +17,15 @@ under watch keeps host values as Python lists until one asynchronous copy sends 
 
 from __future__ import annotations
 
+import functools
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+T = TypeVar("T")
 
 READS = {
     "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
@@ -68,3 +72,18 @@ class SyncWatch(TorchFunctionMode):
             frame = frame or traceback.extract_stack(limit=2)[0]
             self.calls.append(f"{name} at {frame.filename}:{frame.lineno}")
         return func(*args, **kwargs)
+
+
+def watched(fn: Callable[..., T], found: list[list[str]]) -> Callable[..., T]:
+    """`fn` run under a `SyncWatch` at each call, each call's findings appended to `found`:
+    wrap an executor's `execute` (no wait inside a forward) or a readback's `fetch` (one a
+    drain) to check a whole run."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> T:
+        with SyncWatch() as watch:
+            out = fn(*args, **kwargs)
+        found.append(watch.calls)
+        return out
+
+    return call
