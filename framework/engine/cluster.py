@@ -178,8 +178,7 @@ class Cluster:
             faults.went_down(r, at, len(copies))
             held: list[RequestSpec | Sequence] = list(copies)
         else:
-            faults.came_up(r, at)
-            held, faults.orphans = list(faults.orphans), type(faults.orphans)()
+            held = faults.came_up(r, at)
         self._live()
         touched = {r}
         for item in held:

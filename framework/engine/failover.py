@@ -76,6 +76,10 @@ class FaultSchedule:
         self.records.append(record)
         self._open[replica] = record
 
-    def came_up(self, replica: int, at: float) -> None:
+    def came_up(self, replica: int, at: float) -> list[RequestSpec | Sequence]:
+        """`replica` is back at `at`: the requests that waited for any live replica, in the
+        order they came, to be placed now."""
         self.down.discard(replica)
         self._open.pop(replica).up_s = at
+        waited, self.orphans = list(self.orphans), deque()
+        return waited
