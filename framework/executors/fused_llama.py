@@ -1,10 +1,12 @@
-"""Llama's module forwards through nanoserve's fused operators (`kernels/glue.cpp`,
-`kernels/decode_attention.cpp`), each with the eager module's bits; `layer_glue.py` decides
-which modules get them.
+"""Llama's module forwards through nanoserve's fused operators, each with the eager module's
+bits (or, compiled, within its rounding); `layer_glue.py` decides which modules get them and
+which backend (`Glue`) each calls: the C++ operators on CPU (`kernels/glue.cpp`,
+`kernels/decode_attention.cpp`), the compiled ones on CUDA (`kernels/compiled_glue.py`).
 
 - A norm, the MLP's SiLU-and-multiply and the rotary embedding of q and k: one call each.
-- A step of decode rows alone on the paged kernel: the attention from the q/k/v projections
-  to o's input (rotary, the K/V writes, scores, softmax, values) in one call a layer.
+- A step of decode rows alone on the paged kernel (C++, CPU): the attention from the q/k/v
+  projections to o's input (rotary, the K/V writes, scores, softmax, values) in one call a
+  layer. Other backends go through the attention interface (`paged_attention.py`).
 - The model's layer loop carries the residual from one layer to the next, so every residual
   add is one call with the norm after it (vLLM's fused add-and-norm), and nothing that the
   engine's paged attention does not read (the causal mask) is built.
@@ -16,7 +18,8 @@ module calls (packed or stock, and visible to forward hooks).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -28,13 +31,29 @@ from framework.executors.kernels import glue
 from framework.executors.kernels.paged_decode import decode_attention
 from framework.executors.paged_attention import ATTN_NAME
 
+GLUE = "_nanoserve_glue"  # each swapped module's `Glue`, set by `layer_glue.install_glue`
+
+
+class Glue(NamedTuple):
+    """The four operators one backend gives the forwards, chosen when they are installed."""
+
+    name: str
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    decode_kernel: bool  # a step of decode rows alone may take the C++ decode attention
+
+
+CPP = Glue("C++", glue.rms_norm, glue.add_rms_norm, glue.rotary, glue.silu_mul, True)
+
 
 def norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return glue.rms_norm(x, self.weight, self.variance_epsilon)
+    return self._nanoserve_glue.rms_norm(x, self.weight, self.variance_epsilon)
 
 
 def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(glue.silu_mul(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(self._nanoserve_glue.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 def layer_forward(
@@ -49,8 +68,9 @@ def layer_forward(
 ) -> torch.Tensor:
     """Llama's decoder layer with the residual add after attention and the norm after it in
     one operator; its submodules run their own (fused) forwards."""
+    g: Glue = self._nanoserve_glue
     first, second = self.input_layernorm, self.post_attention_layernorm
-    h = glue.rms_norm(hidden_states, first.weight, first.variance_epsilon)
+    h = g.rms_norm(hidden_states, first.weight, first.variance_epsilon)
     h, _ = self.self_attn(
         hidden_states=h,
         attention_mask=attention_mask,
@@ -60,7 +80,7 @@ def layer_forward(
         position_embeddings=position_embeddings,
         **kwargs,
     )
-    h, residual = glue.add_rms_norm(h, hidden_states, second.weight, second.variance_epsilon)
+    h, residual = g.add_rms_norm(h, hidden_states, second.weight, second.variance_epsilon)
     return residual + self.mlp(h)
 
 
@@ -74,10 +94,13 @@ def attention_forward(
 ) -> tuple[torch.Tensor, Any]:
     """Llama's attention forward with the rotary embedding as one operator (for one packed
     sequence, as the engine runs it; a padded batch takes the eager rotary), and a step of
-    decode rows alone, on the paged kernel, as one operator from the projections to o."""
+    decode rows alone, on the paged kernel, as one operator from the projections to o (C++
+    backend only: that kernel is CPU code)."""
+    g: Glue = self._nanoserve_glue
     paged = kwargs.get("paged")
     if (
-        paged is not None
+        g.decode_kernel
+        and paged is not None
         and paged.decode_kernel
         and not paged.prefills
         and cache is None
@@ -107,7 +130,7 @@ def attention_forward(
     v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
     cos, sin = position_embeddings
     if q.shape[0] == 1 and cos.shape[0] == 1:
-        q, k = glue.rotary(q, k, cos, sin)
+        q, k = g.rotary(q, k, cos, sin)
     else:
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
     if cache is not None:
@@ -156,6 +179,8 @@ def model_forward(
             use_cache=use_cache,
             **kwargs,
         )
+    g: Glue = self._nanoserve_glue
+    rms_norm, add_rms_norm = g.rms_norm, g.add_rms_norm
     h = self.embed_tokens(input_ids)
     rope = self.rotary_emb(h, position_ids=position_ids)
     residual = None
@@ -164,16 +189,16 @@ def model_forward(
         layer = layers[i]
         norm = layer.input_layernorm
         if residual is None:
-            residual, h = h, glue.rms_norm(h, norm.weight, norm.variance_epsilon)
+            residual, h = h, rms_norm(h, norm.weight, norm.variance_epsilon)
         else:
-            h, residual = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+            h, residual = add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
         h, _ = layer.self_attn.forward(h, rope, paged=paged)
         norm = layer.post_attention_layernorm
-        h, residual = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+        h, residual = add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
         h = layer.mlp.forward(h)
     norm = self.norm
     if residual is None:
-        h = glue.rms_norm(h, norm.weight, norm.variance_epsilon)
+        h = rms_norm(h, norm.weight, norm.variance_epsilon)
     else:
-        h, _ = glue.add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
+        h, _ = add_rms_norm(h, residual, norm.weight, norm.variance_epsilon)
     return BaseModelOutputWithPast(last_hidden_state=h)

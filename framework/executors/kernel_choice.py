@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.executors import flex_paged, layer_glue
-from framework.executors.kernels import argmax, glue
+from framework.executors.fused_llama import CPP, Glue
+from framework.executors.kernels import argmax, compiled_glue, glue
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
 
@@ -65,6 +66,8 @@ def setting(value: Any, key: str) -> bool | None:
     auto = "chosen by a measurement on this machine"
     if key in FLEX_KEYS:
         auto = "flex_attention on CUDA, today's path elsewhere"
+    elif key == "layer_glue":
+        auto = "measured on CPU, compiled on CUDA"
     raise ValueError(f"engine.{key} must be auto ({auto}), true or false; got {value!r}")
 
 
@@ -268,18 +271,24 @@ def _measured_argmax(vocab: int, threads: int) -> Choice:
 # ---- the layer glue: RMSNorm, rotary, SiLU-and-multiply -----------------------------------
 def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
     """nanoserve's fused glue operators in the model's norms, attention and MLPs, or Hugging
-    Face's eager chains; and do it (or undo it) on this model object. The same bits either
-    way (`framework/executors/layer_glue.py`), so only the time differs."""
+    Face's eager chains; and do it (or undo it) on this model object. On CPU the C++
+    operators, the same bits as eager (`framework/executors/layer_glue.py`), so only the time
+    differs and auto measures it. On CUDA the compiled ones, on by default untimed: there each
+    eager operator is a kernel launch and the compiled glue one launch in place of up to
+    fourteen, and timing them would mean compiling them here, before the engine's warm-up."""
     want = setting(value, "layer_glue")
     dtype = next(model.parameters()).dtype
-    reason = glue.why_not(device, dtype)
+    backend, reason = _glue_backend(device, dtype)
     if reason is None and not layer_glue.glue_modules(model):
         reason = "no module of a kind the fused operators reproduce (Llama's)"
-    if want is False or reason is not None:
+    if want is False or backend is None or reason is not None:
         layer_glue.remove_glue(model)
         return Choice(False, "set", "") if want is False else Choice(False, "unavailable", reason)
+    if backend is not CPP:
+        layer_glue.install_glue(model, backend)
+        return Choice(True, "set" if want else "default", backend.name)
     if want:
-        layer_glue.install_glue(model)
+        layer_glue.install_glue(model, backend)
         return Choice(True, "set", "")
     cfg = model.config
     choice = _measured_glue(
@@ -287,8 +296,19 @@ def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
         cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
         torch.get_num_threads(),
     )  # fmt: skip
-    layer_glue.install_glue(model) if choice.use else layer_glue.remove_glue(model)
+    layer_glue.install_glue(model, backend) if choice.use else layer_glue.remove_glue(model)
     return choice
+
+
+def _glue_backend(device: torch.device, dtype: torch.dtype) -> tuple[Glue | None, str | None]:
+    """The glue backend for a device and dtype, or why there is none: the C++ operators on
+    CPU, the compiled ones on CUDA with Triton. (The seam a test on CPU replaces.)"""
+    if device.type == "cpu":
+        return CPP, glue.why_not(device, dtype)
+    reason = compiled_glue.why_not(device, dtype)
+    if reason is None:
+        return layer_glue.compiled_backend(), None
+    return None, f"the C++ operators serve CPU only, and the compiled ones not here: {reason}"
 
 
 @functools.lru_cache(maxsize=16)

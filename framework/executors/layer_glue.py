@@ -8,20 +8,29 @@ from Python each costs its dispatch whatever its size, so at batch 1 they made t
 its Linear layers. Like the packed Linear layers (`packed_linear.py`), the forwards are
 swapped per module instance, so `eager_glue` can put Hugging Face's own back (for its peers),
 and only module classes whose arithmetic the operators reproduce are touched.
+
+Each swapped module holds the backend its forward calls (`fused_llama.Glue`), chosen when it
+is installed: nanoserve's C++ operators on CPU, the same four compiled by Inductor into Triton
+kernels on CUDA (`kernels/compiled_glue.py`), where each eager operator is a kernel launch.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 
 from framework.executors import fused_llama
+from framework.executors.fused_llama import CPP, Glue
+from framework.executors.kernels import compiled_glue
 
-MARK = "_nanoserve_glue"
+MARK = fused_llama.GLUE  # on each swapped module: the backend (`Glue`) its forward calls
+COMPILED = "compiled (torch.compile, Triton)"
 MODELS = ("LlamaModel",)  # embedding, layers, final norm
 LAYERS = ("LlamaDecoderLayer",)  # norm, attention, add; norm, MLP, add
 NORMS = ("LlamaRMSNorm",)  # weight * (x * rsqrt(mean(x^2) + eps)), the norm in fp32
@@ -62,14 +71,36 @@ def glue_modules(model: nn.Module) -> int:
     return sum(_forward_for(m, model) is not None for m in model.modules())
 
 
-def install_glue(model: nn.Module) -> int:
-    """Swap the fused forwards in; returns how many modules were swapped."""
+@functools.cache
+def compiled_backend() -> Glue:
+    """The four operators compiled by Inductor (Triton kernels on CUDA); one per process, so
+    each shape compiles once whichever model calls it. Never the C++ decode attention."""
+    ops = (compiled_glue.compiled(fn) for fn in compiled_glue.FUNCTIONS)
+    return Glue(COMPILED, *ops, decode_kernel=False)
+
+
+def backend_for(device: torch.device) -> Glue:
+    """The backend that serves a device: the C++ operators on CPU, the compiled ones else."""
+    return CPP if device.type == "cpu" else compiled_backend()
+
+
+def backend_of(model: nn.Module) -> Glue | None:
+    """The backend the model's fused forwards call, or None where none is installed."""
+    return next((getattr(m, MARK) for m in model.modules() if hasattr(m, MARK)), None)
+
+
+def install_glue(model: nn.Module, backend: Glue | None = None) -> int:
+    """Swap the fused forwards in, calling `backend` (by default the one for the model's
+    device, `backend_for`); returns how many modules were swapped. Modules fused with another
+    backend are switched to this one."""
+    if backend is None:
+        backend = backend_for(next(model.parameters()).device)
     count = 0
     for module in model.modules():
         forward = _forward_for(module, model)
-        if forward is not None and not hasattr(module, MARK):
+        if forward is not None and getattr(module, MARK, None) is not backend:
             module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
-            setattr(module, MARK, True)
+            setattr(module, MARK, backend)
             count += 1
     return count
 
@@ -87,10 +118,12 @@ def remove_glue(model: nn.Module) -> int:
 
 @contextmanager
 def eager_glue(model: nn.Module) -> Iterator[nn.Module]:
-    """Run a block with Hugging Face's own module forwards, then fuse again if it was."""
-    was = remove_glue(model) > 0
+    """Run a block with Hugging Face's own module forwards, then fuse again (with the same
+    backend) if it was."""
+    was = backend_of(model)
+    remove_glue(model)
     try:
         yield model
     finally:
-        if was:
-            install_glue(model)
+        if was is not None:
+            install_glue(model, was)
