@@ -4,6 +4,8 @@ far the simulated seconds land from the measured ones.
     python -m experiments.sim_check                            # SmolLM2 fp32, shipped profile
     python -m experiments.sim_check dtype=bfloat16 --host-time model
     python -m experiments.sim_check --quick --profile /tmp/tiny.yaml --rounds 1   # tiny model
+    python -m experiments.sim_check device=cuda      # on a GPU: its own mode (check_gpu.py)
+    python -m experiments.sim_check --dry-run        # that mode on the CPU, tiny model
 
 One process, one loaded model. Each case (a workload under one scheduler x allocator x output
 policy) is served by the real engine once a round for `--rounds` rounds (5) and by the simulated
@@ -75,6 +77,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from experiments.sim import check_gpu
 from experiments.sim.check_cases import (
     WORKLOADS,
     Case,
@@ -327,9 +330,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="seconds to wait, before each real run, for the others to quieten (10; quick 0)",
     )
     cli.add_quick(ap, "tiny model, small sizes, three policies")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the GPU mode (check_gpu.py) on the CPU, tiny model and quick sizes unless a "
+        "model= is given: the script known to work before a GPU runs it",
+    )
+    ap.add_argument(
+        "--hardware",
+        help="GPU mode: the analytic profile's hardware spec (default: the one this GPU's name "
+        "gives; h200 in a dry run)",
+    )
     cli.add_out(ap, OUTPUTS / "sim_check")
     cli.add_overrides(ap)
     args = ap.parse_args(argv)
+    if args.dry_run:
+        args.quick = True
     if args.speed == "auto" and args.max_slow is None:
         # The probes set the simulated machine's speed: a run is not retried for being slow
         # (only for others taking the CPUs), which would spend minutes on a slow VM for
@@ -343,10 +359,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def on_gpu(overrides: list[str]) -> bool:
+    """The run's device is CUDA: the check's GPU mode (check_gpu.py)."""
+    try:
+        return resolve_device(str(compose_cfg(overrides).device)).type == "cuda"
+    except ValueError as err:
+        sys.exit(f"experiments.sim_check: {err}")
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     overrides = cli.run_overrides(args, TIMED)
     shared = [o for o in overrides if not o.lstrip("+~").startswith("executor.")]
+    if args.dry_run or on_gpu(shared):
+        return check_gpu.main(args, overrides, command_line("sim_check", argv))
     with threads_kept() as threads:
         torch.set_num_threads(args.threads or compose_cfg(shared).threads or threads)
         t0, load_start = time.perf_counter(), os.getloadavg()[0]  # other jobs skew every time

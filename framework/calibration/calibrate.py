@@ -11,8 +11,9 @@ N requests of prompt P give prefill steps of up to the token budget, then decode
 rows at contexts P..P+out; more requests than `max_num_seqs`, with staggered output lengths,
 give mixed steps (a newcomer's prefill beside the others' decodes); slices of the Azure trace
 give the mix of lengths a real workload has. The executor is wrapped in a recorder that keeps
-every step's `StepFeatures` and seconds (on CUDA it synchronises around the model call, so the
-seconds are the device's, not the launches'); the engine's own `StepStats` give its host time.
+every step's `StepFeatures` and seconds (on CUDA the device's, from events on its stream read
+after the point's run, not the launches', and no step made to wait for them); the engine's own
+`StepStats` give its host time (on CUDA its launches in, its waits at the drains out).
 
 Fitting (`fitting.py`, framework/executors/simulated/profile.py): non-negative least squares
 on relative error, over the grid points not marked `holdout`; the error is reported on the held-out

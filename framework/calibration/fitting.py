@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from framework.calibration.grid import CANARY, PREFILL_CANARY, Point, decode, mixed
 from framework.calibration.machine_watch import MachineWatch
-from framework.calibration.point_run import PointRun, host_seconds, readback_seconds, serve_point
+from framework.calibration.point_run import PointRun, readback_seconds, serve_point
 from framework.calibration.profile_file import make_meta
 from framework.executors.simulated.profile import LinearCost, MeasuredProfile, Sample, fit_host
 from framework.run.app import check_before_loading, load
@@ -199,9 +199,8 @@ def calibrate(
     host_rows, host_s = [], []
     for m in used:
         if not m.point.holdout:
-            for st in m.stats:
-                host_rows.append(st.rows)
-                host_s.append(host_seconds(st, readback))
+            host_rows += [st.rows for st in m.stats]
+            host_s += m.host(readback)
     meta = make_meta(base, model, device, grid, command, paths)
 
     def fit(samples: list[Sample]) -> MeasuredProfile:
@@ -231,7 +230,7 @@ def calibrate(
             key = f"forward_holdout_{k}"
             if key in as_measured:
                 profile.fit_report[f"measured_{key}"] = as_measured[key]
-    held = [host_seconds(st, readback) for m in used if m.point.holdout for st in m.stats]
+    held = [s for m in used if m.point.holdout for s in m.host(readback)]
     pred = [profile.host.seconds(st.rows) for m in used if m.point.holdout for st in m.stats]
     if held:
         profile.fit_report["host_holdout_total_error"] = round(

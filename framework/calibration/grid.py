@@ -100,6 +100,15 @@ def cuda_grid() -> list[Point]:
     return [*full_grid(), *(decode(*x) for x in more), mixed(64, 64), mixed(128, 32), *held]
 
 
+def brief_cuda_grid() -> list[Point]:
+    """A GPU's profile in a minute or so (the simulator check's GPU mode): decode widths of
+    1 to 64 rows, prompts of 128 to 2k tokens, mixed steps and sampled rows; two held out."""
+    fitted = [decode(n, 16, 8) for n in (1, 4, 16, 64)]
+    fitted += [decode(8, 128, 6), decode(4, 256, 4), decode(1, 512, 4), decode(1, 2048, 3)]
+    fitted += [mixed(8, 32), mixed(16, 64), decode(8, 16, 6, sampled=True)]
+    return [*fitted, decode(24, 16, 8, holdout=True), mixed(6, 128, holdout=True)]
+
+
 def quick_grid() -> list[Point]:
     """For tests on the tiny model: a handful of runs, a few seconds."""
     fitted = [decode(1, 8, 5), decode(4, 16, 5), decode(8, 8, 4), decode(2, 64, 4), mixed(4, 16)]

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from framework.calibration.grid import Point, workload
 from framework.calibration.machine_load import cpu_seconds, foreign_share, sync
 from framework.engine.counters import HOST_PHASES, StepStats
+from framework.engine.executor import Span
 from framework.engine.readback import Readback
 from framework.executors.packed_linear import PACKED
 from framework.executors.simulated.features import StepFeatures
@@ -29,8 +30,11 @@ class Recorder:
 
     On CPU the seconds are the executor's own (as the engine reports them). On CUDA the
     model call returns once its kernels are queued, so the executor's forward_s is the launch
-    time and the wait moves into the next readback; here the model call is bracketed by
-    synchronisations (forward hooks), so forward_s and sample_s are the device's seconds.
+    time and the wait moves into the next readback; there the executor also gives events on
+    the device's stream around the forward and the sampler (`ExecResult.span`), whose device
+    seconds replace the launch times once the point's run has ended (`settle`): nothing here
+    makes the host wait inside a step. `watch` also times the engine's drains, each step's,
+    which on CUDA hold the host's waits for the device (`host_seconds` takes them out).
     """
 
     def __init__(self, inner: Any, device: torch.device) -> None:
@@ -38,33 +42,45 @@ class Recorder:
         self.device = device
         # (features, forward_s, sample_s, prepare_s) per step
         self.steps: list[tuple[StepFeatures, float, float, float]] = []
-        self._marks: list[float] = []
-        if device.type == "cuda":
-            model = inner.model
-            self._hooks = [
-                model.register_forward_pre_hook(lambda *_: self._mark()),
-                model.register_forward_hook(lambda *_: self._mark()),
-            ]
+        self._spans: list[tuple[int, Span]] = []  # (step, its span) not read yet
+        # Seconds in the readback's fetch, by the engine's step (CUDA only; None: not timed).
+        self.fetch_s: dict[int, float] | None = None
 
-    def _mark(self) -> None:
-        sync(self.device)
-        self._marks.append(time.perf_counter())
+    def watch(self, engine: Any) -> None:
+        """Time each drain of `engine`'s held tokens, charged to the step it happens in (a
+        GPU's only: on a CPU the drains wait for nothing)."""
+        if self.device.type != "cuda":
+            return
+        fetch, steps, got = engine.readback.fetch, engine.steps, {}
+
+        def timed(pending: Any) -> Any:
+            t = time.perf_counter()
+            values = fetch(pending)
+            got[len(steps)] = got.get(len(steps), 0.0) + time.perf_counter() - t
+            return values
+
+        engine.readback.fetch = timed
+        self.fetch_s = got
 
     def execute(self, batch: Any) -> Any:
         features = StepFeatures.of(batch)
-        self._marks.clear()
         result = self.inner.execute(batch)
-        forward, sample = result.forward_s, result.sample_s
-        if self.device.type == "cuda" and len(self._marks) == 2:
-            sync(self.device)
-            forward = self._marks[1] - self._marks[0]
-            sample = time.perf_counter() - self._marks[1]
-        self.steps.append((features, forward, sample, result.prepare_s))
+        if result.span is not None:
+            self._spans.append((len(self.steps), result.span))
+        self.steps.append((features, result.forward_s, result.sample_s, result.prepare_s))
         return result
 
+    def settle(self) -> None:
+        """The device seconds in place of the launch times, after the run: one wait, for the
+        newest span (the older ones on the same stream are done before it)."""
+        for i, span in reversed(self._spans):  # the newest first: then the others are done
+            parts = span.parts() or span.wait()
+            features, _, sample, prepare = self.steps[i]
+            self.steps[i] = (features, parts[0], parts[1] if len(parts) > 1 else sample, prepare)
+        self._spans.clear()
+
     def close(self) -> None:
-        for h in getattr(self, "_hooks", []):
-            h.remove()
+        self.settle()
 
 
 @dataclass
@@ -82,6 +98,17 @@ class PointRun:
     # The machine's state around the run: the means of the probe pairs timed just before and
     # just after it (a 1-row decode step, a 128-token prefill), seconds. None: not probed.
     probes: tuple[float, float] | None = None
+    # On CUDA, each step's seconds in the drains of its held tokens (`Recorder.watch`), by
+    # its index in `stats`; None on a CPU.
+    fetch_s: dict[int, float] | None = None
+
+    def host(self, readback_s: float) -> list[float]:
+        """Each step's host seconds (`host_seconds`)."""
+        got = self.fetch_s
+        return [
+            host_seconds(st, readback_s, None if got is None else got.get(i, 0.0))
+            for i, st in enumerate(self.stats)
+        ]
 
 
 def point_cfg(overrides: list[str], point: Point, block_size: int) -> DictConfig:
@@ -111,6 +138,7 @@ def serve_point(overrides: list[str], loaded: tuple[Any, ...], point: Point, see
     engine = build_engine(cfg, model, device, dtype, NullHooks())
     rec = Recorder(engine.executor, device)
     engine.executor = rec
+    rec.watch(engine)
     before = cpu_seconds()
     t = time.perf_counter()
     try:
@@ -131,7 +159,9 @@ def serve_point(overrides: list[str], loaded: tuple[Any, ...], point: Point, see
         ),
         "argmax": "kernel" if rec.inner.greedy.use else "torch",
     }
-    return PointRun(point, rec.steps, list(result.steps), wall, foreign, extra=paths)
+    run = PointRun(point, rec.steps, list(result.steps), wall, foreign, extra=paths)
+    run.fetch_s = rec.fetch_s
+    return run
 
 
 def readback_seconds(device: torch.device, rows: int = 16, n: int = 200) -> float:
@@ -149,8 +179,15 @@ def readback_seconds(device: torch.device, rows: int = 16, n: int = 200) -> floa
     return statistics.median(times)
 
 
-def host_seconds(stats: StepStats, readback_s: float) -> float:
+def host_seconds(stats: StepStats, readback_s: float, fetch_s: float | None = None) -> float:
     """The engine's own host time in a step (the executor's block tables included, as the
-    engine counts them in `build`), less the readbacks, which the profile prices apart."""
+    engine counts them in `build`), less the readbacks, which the profile prices apart.
+
+    On CUDA (`fetch_s`: the step's seconds in its drains) the host's launches of the forward
+    and the sampler are its work too (`host`, where the engine puts them once the device's
+    seconds are read), and the drains are not: they hold the waits for the device and the
+    copies, which the simulator adds itself."""
     host = sum(stats.phase_s.get(p, 0.0) for p in HOST_PHASES)
-    return max(0.0, host - stats.transfers * readback_s)
+    if fetch_s is None:
+        return max(0.0, host - stats.transfers * readback_s)
+    return max(0.0, host + stats.phase_s.get("host", 0.0) - fetch_s)

@@ -21,7 +21,11 @@ PHASES = (
 # simulated GPU's (`executor.overlap`): the host standing idle while the device finishes
 # earlier work. There `forward` and `sample` are the device's seconds, which run beside the
 # host's phases, so a step's phases add up to more than its time; the host's own timeline
-# is every phase but those two.
+# is every phase but those two. A real run on CUDA is the same: its `forward` and `sample`
+# are the device's seconds between events on its stream, read when the step's tokens are
+# drained (`framework.engine.held`; until then, in the step's hooks, the launches), and the
+# host's seconds launching them are in `host`. On a CPU `forward` and `sample` are the
+# host's seconds (the forward runs on its cores) and a real run's `host` is 0.
 HOST_PHASES = ("schedule", "allocate", "build", "output", "apply", "hooks")
 
 

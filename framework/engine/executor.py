@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 
     from framework.engine.batch import StepBatch
 
+# What the parts of a device span time, in order: the forward, then the sampler.
+SPAN_PARTS = ("forward", "sample")
+
+
+class Span(Protocol):
+    """An executor's record of a step's device time (`framework.executors.device_time`)."""
+
+    def parts(self) -> tuple[float, ...] | None:
+        """Each part's device seconds (`SPAN_PARTS` order); None while not done. No wait."""
+        ...
+
+    def wait(self) -> tuple[float, ...]:
+        """The same, after waiting for the device: at a run's end only."""
+        ...
+
 
 @dataclass
 class ExecResult:
@@ -25,9 +40,13 @@ class ExecResult:
     # [rows] sampled ids, still on the device; a plain list from an executor that has no
     # device (the simulator), which the engine then never converts or copies
     tokens: torch.Tensor | list[int]
-    forward_s: float  # the model call alone
+    forward_s: float  # the model call alone, on the host's clock (on CUDA: its launches)
     sample_s: float
     prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)
+    # On CUDA, events around the forward and the sampler on the device's stream: their
+    # device seconds, read when the step's tokens are drained. None where the host's
+    # seconds are the device's (a CPU, a simulator).
+    span: Span | None = None
 
 
 class Executor(Protocol):

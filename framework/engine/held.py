@@ -5,22 +5,39 @@ lets them come home, and then reach their requests.
 and the requests they finished, however many drains the step made (the rows may change at
 eviction, growth, displacement or admission, and every held token must reach its request
 first). The engine reads the step's totals once, with `take`.
+
+On CUDA a step's forward and sampling seconds come from events on the device's stream (the
+executor's `ExecResult.span`); they are read when the tokens come home, never waited for in
+a step (the drain has already waited for a copy queued after them), and put in the step's
+row of the step log in place of the host's launch seconds (`device_phases`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from framework.api.policy import OutputView
 from framework.engine.clock import Clock
 from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters
+from framework.engine.executor import SPAN_PARTS
 from framework.engine.invariants import InvariantError
 from framework.engine.phases import PhaseTimer
 from framework.engine.readback import Pending, Readback
 from framework.engine.sequence import Sequence, Status
 from framework.engine.view_factory import make_frozen
+
+if TYPE_CHECKING:
+    from framework.engine.executor import ExecResult, Span
+    from framework.engine.step_log import StepLog
+
+# What a run's description says when its forward and sampling seconds are the device's
+# (CUDA events, read at the drains) and the host's launches of them are its `host` phase.
+DEVICE_TIMED = {"forward_time": "device"}
 
 
 @dataclass
@@ -70,6 +87,11 @@ class HeldTokens:
         # after their first token), each with its step's forward seconds: the engine takes
         # them out of the running rows, their blocks still held, to be handed off.
         self.handed: list[tuple[Sequence, float]] = []
+        # The step log each step's row joins (set by the engine), and the device spans not
+        # read yet, oldest first: (the step's index in the log, its held step, the span).
+        self.log: StepLog | None = None
+        self.unread: deque[tuple[int, HeldStep, Span]] = deque()
+        self.device_timed = False  # a span has been read: the forward seconds are the device's
         self.begin_step()
 
     def begin_step(self) -> None:
@@ -89,15 +111,16 @@ class HeldTokens:
         self,
         rows: list[Sequence],
         discard: list[bool],
-        tokens: object,
+        result: ExecResult,
         window: float,
         at: float,
-        forward_s: float = 0.0,
     ) -> None:
         """A step's sampled tokens join the held steps; their copy home starts now."""
-        pending = self.readback.start(tokens)  # type: ignore[arg-type]
-        held = HeldStep(rows, discard, pending, window, at, forward_s)
+        pending = self.readback.start(result.tokens)
+        held = HeldStep(rows, discard, pending, window, at, result.forward_s)
         self.steps.append(held)
+        if result.span is not None:
+            self.unread.append((len(self.log) if self.log is not None else 0, held, result.span))
         self.counters.deferred_tokens += held.kept_rows
         self.counters.held_tokens += held.kept_rows
 
@@ -133,6 +156,8 @@ class HeldTokens:
             self.timer.readback += copy
             self.timer.wait += waited
         self.counters.transfers += 1
+        if self.unread:
+            self.read_spans()
         rows = sum(len(h.rows) for h in out_steps) if len(out_steps) > 1 else len(out_steps[0].rows)
         if len(values) != rows:
             raise InvariantError(f"readback brought {len(values)} tokens for {rows} rows")
@@ -145,6 +170,33 @@ class HeldTokens:
             drained.append((h, values[i:j]))
             i = j
         return drained
+
+    def read_spans(self) -> None:
+        """The device seconds of each held step whose span is done, oldest first, in its row
+        in place of the host's launch seconds; never waits (`Span.parts`). At a drain the
+        drained steps' spans are done: their copies home, queued on the device after them,
+        have been waited for."""
+        unread, log = self.unread, self.log
+        now = len(log) if log is not None else 0  # the step being timed: not logged yet
+        while unread and (parts := unread[0][2].parts()) is not None:
+            step, held, _ = unread.popleft()
+            held.forward_s = parts[0]  # a layer-wise hand-off overlaps the device's layers
+            if step < now:
+                assert log is not None
+                log.set_phases(step, device_phases(log[step].phase_s, parts))
+            else:
+                self.timer.phases.update(device_phases(self.timer.phases, parts))
+            self.device_timed = True
+
+    def settle(self) -> dict[str, str]:
+        """At a run's end: the device seconds of the steps never drained (a run stopped with
+        tokens held, a lost replica's), after one wait for the newest span, which the older
+        ones on the same stream precede; and what the run's forward seconds are, for its
+        description (`DEVICE_TIMED` where they are the device's, else nothing)."""
+        if self.unread:
+            self.unread[-1][2].wait()
+            self.read_spans()
+        return dict(DEVICE_TIMED) if self.device_timed else {}
 
     def apply(self, drained: Drained) -> None:
         """Tokens reach their requests; stop and length checks; finish times stamped.
@@ -189,3 +241,13 @@ class HeldTokens:
                     finished.append(seq)
         counters.tokens_kept += kept
         self.kept += kept
+
+
+def device_phases(phases: Mapping[str, float], parts: tuple[float, ...]) -> dict[str, float]:
+    """A step's phase seconds once its device span is read: `forward` and `sample` become
+    the device's seconds (`SPAN_PARTS`), and the host's seconds they held, the launches, move
+    to `host`: the host's own work outside the engine's named phases, so that the host's
+    timeline (every phase but the device's two) still adds up to the step's time."""
+    device = dict(zip(SPAN_PARTS, parts, strict=False))
+    launch = sum(phases.get(p, 0.0) for p in device)
+    return {**device, "host": phases.get("host", 0.0) + launch}

@@ -127,6 +127,7 @@ class Engine:
         self.timer = PhaseTimer()
         self.readback = Readback(device or torch.device("cpu"))
         self.output = HeldTokens(self.readback, self.costs, self.clock, self.counters, self.timer)
+        self.output.log = self.steps  # a step's device seconds reach its row when drained
         self.planner = Planner(
             pool, self.p, limits, self.counters, self.output, self.steps, self.clock
         )
@@ -250,7 +251,7 @@ class Engine:
             self.pool.peak_used,
             self.pool.num_blocks,
             clock=self.clock.name,
-            executor=describe(self.executor),
+            executor=describe(self.executor) | self.output.settle(),  # spans left unread, read
         )
 
     # ---- ends from outside, and a cluster's hand-offs ---------------------------------
@@ -387,7 +388,7 @@ class Engine:
         counters.prefill_tokens += batch.prefill_tokens
         counters.prefill_chunks += len(batch.rows) - batch.decode_rows
         output = self.output
-        output.hold(rows, unkept, result.tokens, self.p.output.window(), ready_at, result.forward_s)
+        output.hold(rows, unkept, result, self.p.output.window(), ready_at)
         held = len(output.steps)
         keep = self.p.output.keep(output.view(len(self.steps), rows))
         if not 0 <= keep <= held:

@@ -74,6 +74,24 @@ class StepLog(Sequence[StepStats]):
                 self._spill()
         self._last = None
 
+    def set_phases(self, k: int, phases: dict[str, float]) -> None:
+        """Step `k`'s seconds of the named phases, known only after it was appended (its
+        device time, read when its tokens were drained): written where the row lies, in
+        memory or in the file."""
+        n = len(self)
+        if not 0 <= k < n:
+            raise IndexError(f"step {k} of {n}")
+        if k == n - 1 and self._last is not None:
+            self._last.phase_s.update(phases)
+        for name, seconds in phases.items():
+            col = _FIELDS + PHASES.index(name)
+            if k >= self._spilled:
+                self._buf[k - self._spilled, col] = seconds
+            else:
+                assert self._file is not None
+                value = np.float64(seconds).tobytes()
+                os.pwrite(self._file.fileno(), value, (k * WIDTH + col) * 8)
+
     def _spill(self) -> None:
         if self._file is None:
             # It lives as long as the log; the system deletes it when it is closed or

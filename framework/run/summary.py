@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from framework.engine.counters import PHASES, StepStats, step_value
+from framework.engine.held import DEVICE_TIMED
 from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.step_log import StepLog
 from framework.run.kv_shares import kv_shares
@@ -84,9 +85,14 @@ def summarize(result: RunResult) -> dict[str, Any]:
     phase_total = {p: _total(steps, f"{p}_s") for p in PHASES}
     # On a virtual clock whose device runs beside the host (a simulated GPU,
     # `executor.overlap`), `forward` and `sample` are the device's seconds, spent while the
-    # host's phases go on: a step's time is the host's timeline, every other phase. (A real
-    # run times every phase on the host, waits included, so they all add up.)
-    beside = result.clock == "virtual" and result.executor.get("overlap") == "host and device"
+    # host's phases go on: a step's time is the host's timeline, every other phase. So too on
+    # a real GPU, whose forward and sampling are timed by events on the device (`forward_time`
+    # device: the host's launches of them are its `host` phase). (A real run on a CPU times
+    # every phase on the host, waits included, so they all add up.)
+    said = result.executor
+    beside = (result.clock == "virtual" and said.get("overlap") == "host and device") or (
+        DEVICE_TIMED.items() <= said.items()
+    )
     step_total = sum(
         v for p, v in phase_total.items() if not (beside and p in ("forward", "sample"))
     )
@@ -156,8 +162,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "e2e_p90_s": _pct(e2e, 90),
         "e2e_p99_s": _pct(e2e, 99),
         "step_mean_s": step_total / n_steps if n_steps else 0.0,
-        # The device's seconds: the forward and the sampling (on a simulated GPU beside the
-        # host, what it is busy with; on a real run, their host time).
+        # The device's seconds: the forward and the sampling (on a GPU, simulated or timed by
+        # its events, what it is busy with beside the host; on a CPU, their host time).
         "busy_s": phase_total["forward"] + phase_total["sample"],
     }
     summary.update(kv_shares(counters))  # the KV pool's time-averaged shares
