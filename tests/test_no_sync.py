@@ -39,6 +39,7 @@ def workload() -> list[RequestSpec]:
         ("engine.paged_kernel=false", "output=immediate"),
         ("allocator=prefix_cache", "scheduler=chunked", "scheduler.chunk_size=4"),
         ("output=adaptive", "engine.paged_kernel=false", "allocator=prefix_cache"),
+        ("output=deferred", "window=3", "engine.cuda_graphs=true"),  # the decode buckets
     ],
 )
 def test_no_step_waits_and_each_drain_waits_once(tiny: tuple[Any, Any], overrides: tuple) -> None:

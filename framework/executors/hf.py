@@ -5,6 +5,7 @@ tensor) out. It implements the engine's `Executor` protocol (`framework.engine.e
 from __future__ import annotations
 
 import time
+import weakref
 from array import array
 from typing import Any
 
@@ -14,6 +15,9 @@ from transformers import PreTrainedModel
 from framework.engine.batch import HELD, StepBatch
 from framework.engine.executor import ExecResult
 from framework.engine.kv_cache import KVCache
+from framework.executors.cache_lease import Lease
+from framework.executors.decode_graphs import DecodeGraphs, Forward, StaticInputs, buckets
+from framework.executors.device_time import DeviceSpan
 from framework.executors.flex_paged import decode_plan, prefill_plan
 from framework.executors.kernel_choice import (
     AUTO,
@@ -43,7 +47,14 @@ class HFExecutor:
         layer_glue: Any = AUTO,
         flex_decode: Any = AUTO,
         flex_prefill: Any = AUTO,
+        graphs: Choice | None = None,
+        lease: Lease | None = None,
+        max_num_seqs: int = 16,
+        max_len: int = 2048,
     ) -> None:
+        """`graphs`: whether decode steps run through static buffers (`decode_graphs.py`,
+        captured on CUDA; `choose_graphs`), over `lease`'s cache when one is lent
+        (`cache_lease.py`): buckets up to `max_num_seqs` rows, tables as wide as `max_len`."""
         self.model = model
         self.cache = cache
         self.device = device
@@ -73,6 +84,31 @@ class HFExecutor:
         self.kernel = self.decode.use
         self.greedy = choose_argmax(argmax_kernel, device, cfg.vocab_size)
         self._argmax = kernel_argmax if self.greedy.use else None
+        self.graphed = graphs or Choice(False, "set", "")
+        self.graphs: DecodeGraphs | None = None
+        self.graph_steps = 0  # decode steps this executor ran through the static buffers
+        if self.graphed.use:
+            self.graphs = self._graphs(lease, max_num_seqs, max_len)
+
+    @torch.inference_mode()
+    def _graphs(self, lease: Lease | None, max_num_seqs: int, max_len: int) -> DecodeGraphs:
+        """The decode buckets over this cache: the lease's, if captured there before for the
+        same buckets, widths and kernels; else made (and captured, on CUDA) now."""
+        cache = self.cache
+        bs = cache.block_size
+        width = min(-(-max_len // bs), cache.num_blocks)
+        sizes = buckets(max_num_seqs)
+        key = (tuple(sizes), width, self.kernel, self.flex_dec.use, self.glue.use)
+        if lease is not None:
+            lease.holder = weakref.ref(self)
+            if key in lease.graphs:
+                return lease.graphs[key]
+        kernel, flex = self.kernel, self.flex_dec.use
+        forward = decode_forward(weakref.ref(self.model), cache, kernel, flex)
+        graphs = DecodeGraphs(forward, sizes, width, bs, cache.scratch_block, self.device)
+        if lease is not None:
+            lease.graphs[key] = graphs
+        return graphs
 
     def _paged(
         self, batch: StepBatch
@@ -179,6 +215,9 @@ class HFExecutor:
             "prefill_attention": self.flex_pre.said("flex_attention", "sdpa_per_row"),
             "argmax": self.greedy.said("kernel", "torch"),
             "layer_glue": self.glue.said("fused", "eager"),
+            "cuda_graphs": self.graphed.said("on", "off"),
+            # decode steps served from a bucket (the others had a prefill row, or more rows)
+            "bucket_steps": str(self.graph_steps),
             # A GPU runs its queue while the engine's host work goes on (deferred output
             # lets it); a CPU's forward runs on the host's own cores.
             "overlap": "host and device" if self.device.type == "cuda" else "none",
@@ -187,24 +226,78 @@ class HFExecutor:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:
         t_prep = time.perf_counter()
-        paged, input_ids, position_ids, keep = self._paged(batch)
-        t0 = time.perf_counter()
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            logits_to_keep=keep,
-            use_cache=False,
-            paged=paged,
-        )
-        logits = out.logits[0]
+        graphs = self.graphs
+        if graphs is not None and graphs.fits(batch):  # decode rows alone: a bucket serves
+            bucket, n = graphs.stage(batch)
+            t0 = time.perf_counter()
+            span = DeviceSpan.begin(self.device)  # CUDA: the device's seconds (None on a CPU)
+            logits = graphs.launch(bucket, n)
+            self.graph_steps += 1
+        else:
+            paged, input_ids, position_ids, keep = self._paged(batch)
+            t0 = time.perf_counter()
+            span = DeviceSpan.begin(self.device)
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                logits_to_keep=keep,
+                use_cache=False,
+                paged=paged,
+            )
+            logits = out.logits[0]
         t1 = time.perf_counter()
+        if span is not None:  # the forward's device time ends, the sampler's begins
+            span.mark()
         tokens = sample(logits.float(), batch.rows, self._argmax)
+        if span is not None:
+            span.mark()
         return ExecResult(
             tokens=tokens,
             forward_s=t1 - t0,
             sample_s=time.perf_counter() - t1,
             prepare_s=t0 - t_prep,
+            span=span,
         )
+
+
+def decode_forward(
+    model: weakref.ref[PreTrainedModel], cache: KVCache, kernel: bool, flex: bool
+) -> Forward:
+    """A decode step's model call on a bucket's static buffers, as `_paged` and `execute`
+    make it for a step of decode rows: what is derived from the inputs (the gather path's
+    mask, flex_attention's plan) is made inside it, so a captured graph recomputes it on
+    replay. It holds the model weakly: the process's lease outlives an engine, not a model."""
+    bs = cache.block_size
+    cols = cache.num_blocks + 1  # the pool's blocks, scratch included
+
+    def forward(static: StaticInputs) -> torch.Tensor:
+        m = model()
+        assert m is not None, "the model of these decode graphs is gone"
+        lens, tables = static.lens, static.tables
+        mask = None
+        if not kernel and not flex:
+            mask = torch.arange(static.width * bs, device=lens.device).view(1, 1, 1, -1) < lens
+        paged = PagedBatch(
+            cache=cache,
+            slot_mapping=static.slots,
+            decode_q_idx=torch.arange(static.size, device=lens.device),
+            decode_blocks=tables,
+            decode_lens=lens,
+            decode_mask=mask,
+            prefills=[],
+            decode_kernel=kernel,
+            flex_decode=decode_plan(tables, lens, bs, cols) if flex else None,
+        )
+        out = m(
+            input_ids=static.ids,
+            position_ids=static.positions,
+            logits_to_keep=0,  # every row's: each is a decode row
+            use_cache=False,
+            paged=paged,
+        )
+        return out.logits[0]
+
+    return forward
 
 
 def _send(host: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -191,9 +191,17 @@ def build_engine(
     else:
         # The real executor's modules (transformers' modelling code) only where a model
         # runs: a simulated run starts 3.5 s sooner without them.
+        from framework.executors.cache_lease import Geometry, lend
+        from framework.executors.decode_graphs import choose_graphs
         from framework.executors.hf import HFExecutor
 
-        cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
+        graphs, lease = choose_graphs(e.cuda_graphs, device), None
+        if graphs.use:  # the process's cache and graphs, captured once for every engine
+            shape = Geometry(layers, e.block_size, kv_heads, head_dim, dtype, device)
+            lease = lend(model, shape, num_blocks)
+            cache = lease.cache
+        else:
+            cache = KVCache(layers, num_blocks, e.block_size, kv_heads, head_dim, dtype, device)
         executor = HFExecutor(
             model,
             cache,
@@ -204,6 +212,10 @@ def build_engine(
             layer_glue=e.layer_glue,
             flex_decode=e.flex_decode,
             flex_prefill=e.flex_prefill,
+            graphs=graphs,
+            lease=lease,
+            max_num_seqs=e.max_num_seqs,
+            max_len=max_len,
         )
         clock, scratch = WallClock(), cache.scratch_block
     return Engine(

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from framework.engine.outages import parse_outages
+from framework.executors.decode_graphs import graphs_setting
 from framework.executors.kernel_choice import FLEX_KEYS, setting
 from framework.executors.model_loader import TinySpec
 from framework.run.roles import check_disaggregation
@@ -44,15 +45,18 @@ class EngineConfig:
     # CPU: greedy rows' argmax over the vocabulary with nanoserve's C++ kernel (the same
     # index as torch.argmax, several times faster on a large vocabulary), or torch.argmax.
     argmax_kernel: Any = "auto"
-    # CPU fp32 / bf16: each RMSNorm, the rotary embedding and the MLP's SiLU-and-multiply as
-    # one C++ operator each (framework/executors/layer_glue.py; the same bits as the eager
-    # modules), or Hugging Face's eager operator chains.
+    # Each RMSNorm, add + RMSNorm, rotary and SiLU-and-multiply as one operator: on CPU C++
+    # (the eager modules' bits; auto measures), on CUDA torch.compile'd (one Triton kernel
+    # each; auto: on where Triton is), or Hugging Face's eager chains (layer_glue.py).
     layer_glue: Any = "auto"
     # flex_attention over the KV blocks in place (framework/executors/flex_paged.py) for the
     # decode rows, and for all prefill rows in one call a layer. auto: on CUDA (compiled);
     # elsewhere today's paths (on CPU it runs eager, over the whole pool).
     flex_decode: Any = "auto"
     flex_prefill: Any = "auto"
+    # Decode steps through static buffers per batch bucket, replayed as CUDA graphs
+    # (framework/executors/decode_graphs.py): auto on CUDA; true on a CPU: uncaptured.
+    cuda_graphs: Any = "auto"
 
 
 @dataclass
@@ -115,10 +119,9 @@ class MlflowConfig:
     # Points per per-step series (`step.rows`, ...): exact up to this many steps, then means
     # over runs of steps (framework/tracking/series.py); steps.csv keeps every step.
     max_step_points: int = 2000
-    # Who logs a run: a helper process, which logs before the first step and after the last
-    # and sleeps between (true), this process (false), or null: the helper for a single run
-    # whose store may fail softly, in a process that has not imported mlflow yet
-    # (framework/tracking/background.py).
+    # Who logs a run: a helper process, logging before the first step and after the last
+    # (true), this process (false), or null: the helper for a single run whose store may fail
+    # softly, in a process that has not imported mlflow yet (framework/tracking/background.py).
     background: bool | None = None
     # MB of run-folder files uploaded as artifacts at most; the files past it stay in the run
     # folder, named in the run's `nanoserve.artifacts_left_out` tag. None: every file.
@@ -151,9 +154,8 @@ class ClusterConfig:
     decode: int | None = None
     # The link a request's KV crosses from its prefill replica to its decode replica: a
     # shipped one (nvlink, nvlink3, nvlink_bridge, infiniband, pcie, ethernet:
-    # executors/simulated/links.yaml), its
-    # figures overridden by `link_gbps` (Gbit/s, each way, per GPU port: 400 for NDR
-    # InfiniBand) and `link_latency_us` (microseconds) when set.
+    # executors/simulated/links.yaml), its figures overridden by `link_gbps` (Gbit/s, each
+    # way, per GPU port: 400 for NDR InfiniBand) and `link_latency_us` (microseconds) if set.
     link: str = "nvlink"
     link_gbps: float | None = None
     link_latency_us: float | None = None
@@ -189,8 +191,7 @@ class RunConfig:
     results: ResultsConfig = field(default_factory=ResultsConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     print_outputs: bool = True
-    # Answers printed at most (the first ones; the rest are in outputs.jsonl): a whole
-    # trace's 19,366 answers took the console longer than the simulated run. None: all.
+    # Answers printed at most (the first; the rest are in outputs.jsonl). None: all.
     print_limit: int | None = 32
 
 
@@ -224,6 +225,7 @@ def check_engine(e: Any) -> None:
     kernels = ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue", *FLEX_KEYS)
     for name in kernels:
         setting(e[name], name)  # auto, true or false
+    graphs_setting(e.cuda_graphs)
     if e.kv_layout not in KV_LAYOUTS:
         raise ValueError(
             f"engine.kv_layout must be one of {', '.join(KV_LAYOUTS)}; got {e.kv_layout!r}"
