@@ -173,6 +173,8 @@ def test_install_picks_switches_and_restores_the_backend(tiny) -> None:
     assert not compiled.decode_kernel and fused_llama.CPP.decode_kernel
     assert layer_glue.backend_for(CPU) is fused_llama.CPP
     assert layer_glue.backend_for(CUDA) is compiled
+    before = layer_glue.backend_of(model)  # the shared model, as an earlier engine left it
+    layer_glue.remove_glue(model)
     try:
         assert layer_glue.install_glue(model) == n  # the model's device: CPU, so C++
         assert layer_glue.backend_of(model) is fused_llama.CPP
@@ -189,6 +191,8 @@ def test_install_picks_switches_and_restores_the_backend(tiny) -> None:
     finally:
         layer_glue.remove_glue(model)
     assert layer_glue.backend_of(model) is None
+    if before is not None:
+        layer_glue.install_glue(model, before)
 
 
 @pytest.mark.usefixtures("glue_built")
