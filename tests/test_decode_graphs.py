@@ -201,6 +201,33 @@ def test_one_cache_and_graphs_per_process(tiny: tuple[Any, Any]) -> None:
     gc.collect()
 
 
+def test_graphs_serve_any_engine_up_to_their_largest_bucket(tiny: tuple[Any, Any]) -> None:
+    """Engines that differ in `max_num_seqs` (a calibration's points) borrow the lease's
+    buckets while its largest holds their batches (padding into them); a larger one makes
+    a new set, which the smaller then borrow too."""
+    model, tok = tiny
+
+    def graphs_of(seqs: int) -> Any:
+        # blocks of 8: a cache geometry of this test's own, so no other test's lease serves
+        own = ("engine.block_size=8", f"engine.max_num_seqs={seqs}")
+        cfg = make_cfg(*FIXED, "engine.cuda_graphs=true", *own)
+        engine = build_engine(cfg, model, CPU, torch.float32, registry().pm.hook)
+        graphs = engine.executor.graphs
+        if seqs == 3:  # 3 rows at most, served by whatever buckets it borrowed
+            assert tokens(engine.run(workload(), tok.eos_token_id)) == tokens(
+                run(model, tok, False, *own)[1]
+            )
+        del engine
+        gc.collect()
+        return graphs
+
+    six = graphs_of(6)
+    assert graphs_of(3) is six  # 1, 2, 4, 6 hold any step of 3 rows
+    twenty = graphs_of(20)
+    assert twenty is not six and twenty.sizes == [1, 2, 4, 8, 16, 20]
+    assert graphs_of(6) is twenty
+
+
 def test_a_lease_does_not_keep_its_model_alive() -> None:
     model, _ = load_model("tiny", None, None, torch.float32, CPU, TinySpec())
     cfg = make_cfg(*FIXED, "engine.cuda_graphs=true", "engine.num_blocks=10")

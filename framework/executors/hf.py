@@ -93,16 +93,19 @@ class HFExecutor:
     @torch.inference_mode()
     def _graphs(self, lease: Lease | None, max_num_seqs: int, max_len: int) -> DecodeGraphs:
         """The decode buckets over this cache: the lease's, if captured there before for the
-        same buckets, widths and kernels; else made (and captured, on CUDA) now."""
+        same table width and kernels up to at least `max_num_seqs` rows (a calibration's
+        points differ in `max_num_seqs`: a smaller one pads into the larger's buckets); else
+        made (and captured, on CUDA) now, in place of a smaller set."""
         cache = self.cache
         bs = cache.block_size
         width = min(-(-max_len // bs), cache.num_blocks)
-        sizes = buckets(max_num_seqs)
-        key = (tuple(sizes), width, self.kernel, self.flex_dec.use, self.glue.use)
+        key = (width, self.kernel, self.flex_dec.use, self.glue.use)
         if lease is not None:
             lease.holder = weakref.ref(self)
-            if key in lease.graphs:
-                return lease.graphs[key]
+            known = lease.graphs.get(key)
+            if known is not None and known.sizes[-1] >= max_num_seqs:
+                return known
+        sizes = buckets(max_num_seqs)
         kernel, flex = self.kernel, self.flex_dec.use
         forward = decode_forward(weakref.ref(self.model), cache, kernel, flex)
         graphs = DecodeGraphs(forward, sizes, width, bs, cache.scratch_block, self.device)
