@@ -153,6 +153,8 @@ class Spanned:
         self.device: list[tuple[float, float]] = []  # the span's, each step
         self.last_event: dict[int, int] = {}  # id(tokens) -> the step's last event
         self.waits_in_steps = 0
+        self.decode_steps: list[tuple[int, float]] = []  # (rows, device forward seconds)
+        self.observed: list[tuple[int, float]] = []  # what the output policies' costs got
 
     def describe(self) -> dict[str, str]:
         return self.inner.describe()
@@ -163,6 +165,10 @@ class Spanned:
         k = len(self.launch)
         forward_ms, sample_ms = 1.0 + 0.5 * k, 0.125 * (k + 1)
         result.span = fake_span(self.stream, forward_ms, sample_ms)
+        rows = len(batch.rows)
+        if batch.decode_rows == rows:  # as HFExecutor says it: a step of decode rows alone
+            result.span.decode_rows = rows
+            self.decode_steps.append((rows, forward_ms / 1e3))
         self.launch.append((result.forward_s, result.sample_s))
         self.device.append((forward_ms / 1e3, sample_ms / 1e3))
         self.last_event[id(result.tokens)] = result.span.events[-1].seq
@@ -188,6 +194,13 @@ def spanned_run(
         return fetch(pending)
 
     engine.readback.fetch = fetched
+    observe = engine.costs.observe_forward
+
+    def observed(rows: int, seconds: float) -> None:
+        ex.observed.append((rows, seconds))
+        observe(rows, seconds)
+
+    engine.costs.observe_forward = observed  # type: ignore[method-assign]
     specs = [spec(i, [5 + i] * (3 + 2 * i), 5 + 2 * i) for i in range(5)]
     return engine.run(specs, tok.eos_token_id), ex, stream
 
@@ -218,6 +231,9 @@ def test_each_step_reports_its_device_seconds_once_read(
         assert st.phase_s["forward"] == pytest.approx(fwd, rel=1e-12)
         assert st.phase_s["sample"] == pytest.approx(smp, rel=1e-12)
         assert st.phase_s["host"] == pytest.approx(launch_f + launch_s, rel=1e-12)
+    # the cost of a decode row (adaptive output) is fitted to the device's seconds, not the
+    # launches: each decode-only step observed once, when read
+    assert ex.decode_steps and sorted(ex.observed) == sorted(ex.decode_steps)
     summary = summarize(result)
     assert summary["forward_time"] == "device"
     assert summary["busy_s"] == pytest.approx(sum(f + s for f, s in ex.device), rel=1e-9)

@@ -24,6 +24,8 @@ SPAN_PARTS = ("forward", "sample")
 class Span(Protocol):
     """An executor's record of a step's device time (`framework.executors.device_time`)."""
 
+    decode_rows: int  # rows of a step of decode rows alone; 0 where it had a prefill row
+
     def parts(self) -> tuple[float, ...] | None:
         """Each part's device seconds (`SPAN_PARTS` order); None while not done. No wait."""
         ...

@@ -179,8 +179,10 @@ class HeldTokens:
         unread, log = self.unread, self.log
         now = len(log) if log is not None else 0  # the step being timed: not logged yet
         while unread and (parts := unread[0][2].parts()) is not None:
-            step, held, _ = unread.popleft()
+            step, held, span = unread.popleft()
             held.forward_s = parts[0]  # a layer-wise hand-off overlaps the device's layers
+            if span.decode_rows:  # the cost of a decode row, from the device's seconds
+                self.costs.observe_forward(span.decode_rows, parts[0])
             if step < now:
                 assert log is not None
                 log.set_phases(step, device_phases(log[step].phase_s, parts))

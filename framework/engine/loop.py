@@ -355,7 +355,7 @@ class Engine:
         timer.add("forward", result.forward_s)
         timer.add("sample", result.sample_s)
         timer.skip()
-        if batch.decode_rows == len(batch.rows):
+        if batch.decode_rows == len(batch.rows) and result.span is None:  # else at its drain
             self.costs.observe_forward(len(batch.rows), result.forward_s)
         return result, ready_at
 

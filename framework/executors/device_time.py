@@ -44,19 +44,22 @@ class DeviceSpan:
     (`framework.engine.executor.SPAN_PARTS`: the forward, then the sampler). The engine
     reads it through `framework.engine.executor.Span`."""
 
-    __slots__ = ("_make", "_parts", "events")
+    __slots__ = ("_make", "_parts", "decode_rows", "events")
 
-    def __init__(self, make: Callable[[], Event] = timing_event) -> None:
+    def __init__(self, make: Callable[[], Event] = timing_event, decode_rows: int = 0) -> None:
         self._make = make
         self._parts: tuple[float, ...] | None = None
+        # rows of a step of decode rows alone (0: it had a prefill row): the output policies'
+        # cost of one more decode row is fitted to those steps' device seconds
+        self.decode_rows = decode_rows
         self.events: list[Event] = []
         self.mark()
 
     @classmethod
-    def begin(cls, device: torch.device) -> DeviceSpan | None:
+    def begin(cls, device: torch.device, decode_rows: int = 0) -> DeviceSpan | None:
         """A span starting now on `device`'s current stream; None on a CPU (nothing to time
         apart from the host)."""
-        return cls() if device.type == "cuda" else None
+        return cls(decode_rows=decode_rows) if device.type == "cuda" else None
 
     def mark(self) -> None:
         """An event recorded now on the current stream: the end of one more part."""

@@ -229,17 +229,19 @@ class HFExecutor:
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:
         t_prep = time.perf_counter()
+        rows = len(batch.rows)
+        decode = rows if batch.decode_rows == rows else 0  # its device seconds fit row_s
         graphs = self.graphs
         if graphs is not None and graphs.fits(batch):  # decode rows alone: a bucket serves
             bucket, n = graphs.stage(batch)
             t0 = time.perf_counter()
-            span = DeviceSpan.begin(self.device)  # CUDA: the device's seconds (None on a CPU)
+            span = DeviceSpan.begin(self.device, decode)  # CUDA: the device's seconds
             logits = graphs.launch(bucket, n)
             self.graph_steps += 1
         else:
             paged, input_ids, position_ids, keep = self._paged(batch)
             t0 = time.perf_counter()
-            span = DeviceSpan.begin(self.device)
+            span = DeviceSpan.begin(self.device, decode)
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
