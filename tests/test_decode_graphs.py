@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,71 @@ def test_a_staged_step_fills_its_bucket() -> None:
     assert not graphs.fits(StepBatch([rows[1], prefill]))
     assert not graphs.fits(StepBatch([rows[1]] * 5))
     assert graphs.fits(StepBatch(rows))
+
+
+def test_capture_and_replay_with_a_stand_in_for_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA-only path, with torch.cuda's graph calls stood in for (no GPU here): each
+    bucket, largest first, warmed up twice on a side stream, then captured into one shared
+    pool; a staged step replays its bucket's graph and returns that graph's output rows."""
+    from torch._dynamo import config as dynamo
+
+    monkeypatch.setattr(dynamo, "cache_size_limit", dynamo.cache_size_limit)
+    calls: list[tuple[Any, ...]] = []
+    capturing: list[int] = []
+
+    class Stream:
+        def wait_stream(self, other: Any) -> None:
+            calls.append(("wait_stream",))
+
+    class Graph:
+        def __init__(self) -> None:
+            self.size = 0
+
+        def replay(self) -> None:
+            calls.append(("replay", self.size))
+
+    class Capture:
+        def __init__(self, graph: Graph, pool: Any = None) -> None:
+            self.graph, self.pool = graph, pool
+
+        def __enter__(self) -> None:
+            capturing.append(1)
+
+        def __exit__(self, *exc: Any) -> None:
+            capturing.pop()
+
+    def forward(static: Any) -> torch.Tensor:
+        calls.append(("forward", static.size, bool(capturing)))
+        return torch.full((static.size, 3), float(static.size))
+
+    def graph(g: Graph, pool: Any = None) -> Capture:
+        calls.append(("capture", pool))
+        return Capture(g, pool)
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    graphs = DecodeGraphs(forward, [1, 2, 4], 3, 4, 9, CPU)  # a CPU: nothing captured yet
+    assert not calls and all(b.graph is None for b in graphs.buckets.values())
+    graphs._capture_all()
+    expected: list[tuple[Any, ...]] = []
+    for size in (4, 2, 1):
+        expected += [("wait_stream",), ("forward", size, False), ("forward", size, False)]
+        expected += [("wait_stream",), ("capture", "pool"), ("forward", size, True)]
+    assert calls == expected
+    for size, bucket in graphs.buckets.items():
+        assert bucket.graph is not None and bucket.logits is not None
+        bucket.graph.size = size
+    greedy = SamplingParams()
+    rows = [Row(f"r{i}", [5], 3, [40 + i], [10 + i], 4, greedy, 1) for i in range(3)]
+    calls.clear()
+    bucket, n = graphs.stage(StepBatch(rows))
+    out = graphs.launch(bucket, n)
+    assert calls == [("replay", 4)]  # the 4-row graph, not the forward
+    assert out.shape == (3, 3) and (out == 4.0).all()
 
 
 def test_buckets() -> None:
