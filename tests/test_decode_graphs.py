@@ -30,6 +30,7 @@ from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors import cache_lease
 from framework.executors.decode_graphs import DecodeGraphs, buckets, choose_graphs
+from framework.executors.kernel_choice import Choice
 from framework.executors.model_loader import TinySpec, load_model
 from framework.run.app import build_engine
 from framework.run.config import check_engine
@@ -302,6 +303,35 @@ def test_a_lease_does_not_keep_its_model_alive() -> None:
     del engine, model
     gc.collect()
     assert lease.model() is None
+
+
+@pytest.mark.parametrize("how", ["default", "set"])
+def test_a_failed_capture(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Under `auto` a capture that fails leaves the run eager, saying why; set to true, it
+    is the run's error."""
+    from framework.executors import decode_graphs, hf
+
+    model, tok = tiny
+
+    def failing(*args: Any) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(hf, "DecodeGraphs", failing)
+    chosen = Choice(True, how, "captured per batch bucket")
+    monkeypatch.setattr(decode_graphs, "choose_graphs", lambda value, device: chosen)
+    cfg = make_cfg(*FIXED, "engine.num_blocks=40")
+    if how == "set":
+        with pytest.raises(RuntimeError, match="stream is capturing"):
+            build_engine(cfg, model, CPU, torch.float32, registry().pm.hook)
+        return
+    engine = build_engine(cfg, model, CPU, torch.float32, registry().pm.hook)
+    assert engine.executor.graphs is None
+    said = engine.executor.describe()["cuda_graphs"]
+    assert said == (
+        "off (unavailable: capture failed: operation not permitted when stream is capturing)"
+    )
+    result = engine.run(workload(), tok.eos_token_id)
+    assert tokens(result) == tokens(run(model, tok, False, "engine.num_blocks=40")[1])
 
 
 def test_choice_and_setting() -> None:

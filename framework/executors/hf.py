@@ -88,7 +88,13 @@ class HFExecutor:
         self.graphs: DecodeGraphs | None = None
         self.graph_steps = 0  # decode steps this executor ran through the static buffers
         if self.graphed.use:
-            self.graphs = self._graphs(lease, max_num_seqs, max_len)
+            try:
+                self.graphs = self._graphs(lease, max_num_seqs, max_len)
+            except RuntimeError as err:  # a kernel that cannot be captured: `auto` runs eager
+                if self.graphed.how == "set":
+                    raise
+                why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                self.graphed = Choice(False, "unavailable", f"capture failed: {why}")
 
     @torch.inference_mode()
     def _graphs(self, lease: Lease | None, max_num_seqs: int, max_len: int) -> DecodeGraphs:
