@@ -319,7 +319,8 @@ def test_a_failed_capture(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(hf, "DecodeGraphs", failing)
     chosen = Choice(True, how, "captured per batch bucket")
     monkeypatch.setattr(decode_graphs, "choose_graphs", lambda value, device: chosen)
-    cfg = make_cfg(*FIXED, "engine.num_blocks=40")
+    own = ("engine.block_size=2", "engine.num_blocks=80")  # no other test's lease: a capture
+    cfg = make_cfg(*FIXED, *own)
     if how == "set":
         with pytest.raises(RuntimeError, match="stream is capturing"):
             build_engine(cfg, model, CPU, torch.float32, registry().pm.hook)
@@ -331,7 +332,7 @@ def test_a_failed_capture(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
         "off (unavailable: capture failed: operation not permitted when stream is capturing)"
     )
     result = engine.run(workload(), tok.eos_token_id)
-    assert tokens(result) == tokens(run(model, tok, False, "engine.num_blocks=40")[1])
+    assert tokens(result) == tokens(run(model, tok, False, *own)[1])
 
 
 def test_choice_and_setting() -> None:
