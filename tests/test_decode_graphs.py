@@ -359,5 +359,5 @@ def test_graph_check_dry_run(tmp_path: Path) -> None:
     assert all(r["graphs_ms"] > 0 and r["analytic_ms"] > 0 for r in report["decode"])
     assert [r["output"] for r in report["windows"]] == ["immediate", "window=1", "window=4"]
     assert report["tokens"]["graph_steps"]["window=4"] > 0
-    assert "| batch | ctx |" in (tmp_path / "graph_check.md").read_text()
+    assert "| batch | ctx | eager_ms |" in (tmp_path / "graph_check.md").read_text()
     assert (tmp_path / "sim_check" / "sim_check_gpu.md").is_file()  # sim_check's GPU mode

@@ -50,6 +50,7 @@ from framework.run.compose import compose_cfg
 from framework.run.greedy_check import compare_greedy
 from framework.run.paths import ROOT
 from framework.run.summary import summarize
+from framework.tracking.tables import markdown_table
 
 KIT_MODEL = ROOT / ".device_kit" / "llama-8b"
 GPUS = {"H200": "h200", "H100": "h100-sxm", "A100": "a100-80gb"}  # device name -> spec
@@ -295,20 +296,15 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{t['ties']} ties, {len(t['mismatches'])} mismatches")  # fmt: skip
     if "waits" in tok:
         lines.append(f"- steps that would wait, graphed: {len(tok['waits'])}")
-    if report.get("decode"):
-        lines += ["", "| batch | ctx | eager ms | graphs ms | analytic ms | graphs/analytic |",
-                  "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for r in report["decode"]:
-            lines.append(f"| {r['batch']} | {r['ctx']} | {r['eager_ms']:.2f} | "
-                         f"{r['graphs_ms']:.2f} | {r['analytic_ms']:.2f} | "
-                         f"{r['graphs_over_analytic']:.2f} |")  # fmt: skip
-    if report.get("windows"):
-        lines += ["", "| output | tok/s (stream) | tok/s (one stream) | gain | simulated gain |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
-        for r in report["windows"]:
-            lines.append(f"| {r['output']} | {r['stream_tokens_per_s']:.1f} | "
-                         f"{r['no_stream_tokens_per_s']:.1f} | {r['stream_gain']:.3f} | "
-                         f"{r['simulated_gain']:.3f} (simulated, analytic profile) |")  # fmt: skip
+    if report.get("decode"):  # milliseconds a step
+        cols = ("batch", "ctx", "eager_ms", "graphs_ms", "analytic_ms", "graphs_over_analytic")
+        lines += ["", markdown_table(report["decode"], cols)]
+    if report.get("windows"):  # simulated: the analytic profile of this GPU, same run
+        cols = ("output", "stream_tokens_per_s", "no_stream_tokens_per_s", "stream_gain",
+                "simulated_tokens_per_s", "simulated_gain")  # fmt: skip
+        lines += ["", markdown_table(report["windows"], cols), "",
+                  "simulated_*: SIMULATED, the same run on the simulator with this GPU's analytic "
+                  "profile (a prediction); gains are against output=immediate"]  # fmt: skip
     lines += ["", f"verdict: {json.dumps(report.get('verdict', {}))}", ""]
     return "\n".join(lines)
 
