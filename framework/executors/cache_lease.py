@@ -67,8 +67,8 @@ def lend(model: Any, geometry: Geometry, num_blocks: int) -> Lease:
     collecting engines that are gone but still in reference cycles), else a new one; free
     smaller ones of the same geometry are dropped then, so their memory returns."""
     lease = _free(model, geometry, num_blocks)
-    if lease is None:
-        gc.collect()  # an engine's executor may wait in a cycle; only when no lease is free
+    if lease is None and any(_same(x, model, geometry) for x in _LEASES):
+        gc.collect()  # a gone engine's executor may wait in a cycle, holding its lease
         lease = _free(model, geometry, num_blocks)
     if lease is None:
         _LEASES[:] = [
