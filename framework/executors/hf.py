@@ -18,7 +18,7 @@ from framework.engine.kv_cache import KVCache
 from framework.executors.cache_lease import Lease
 from framework.executors.decode_graphs import DecodeGraphs, Forward, StaticInputs, buckets
 from framework.executors.device_time import DeviceSpan
-from framework.executors.flex_paged import decode_plan, prefill_plan
+from framework.executors.flex_paged import FlexDecode, decode_plan, prefill_plan
 from framework.executors.kernel_choice import (
     AUTO,
     Choice,
@@ -173,13 +173,10 @@ class HFExecutor:
             padded += pad[: width - len(table)]
         blocks = _send(_longs(padded).view(len(dec_tables), width), dev)
         lens = _send(_longs(dec_lens).view(-1, 1, 1, 1), dev)
-        mask = None  # the gather path's mask, made where it is read
-        if not self.kernel and not self.flex_dec.use:
-            mask = torch.arange(width * bs, device=dev).view(1, 1, 1, -1) < lens
         cols = self.cache.num_blocks + 1  # the pool's blocks, scratch included
-        flex_dec = flex_pre = None
-        if self.flex_dec.use and dec_idx:
-            flex_dec = decode_plan(blocks, lens, bs, cols)
+        mask = flex_dec = flex_pre = None
+        if dec_idx:
+            mask, flex_dec = decode_reads(blocks, lens, bs, cols, self.kernel, self.flex_dec.use)
         if flex_rows:
 
             def send(values: list[int]) -> torch.Tensor:
@@ -271,6 +268,20 @@ class HFExecutor:
         )
 
 
+def decode_reads(
+    blocks: torch.Tensor, lens: torch.Tensor, block_size: int, cols: int, kernel: bool, flex: bool
+) -> tuple[torch.Tensor | None, FlexDecode | None]:
+    """What the decode rows' attention reads beside their tables and lengths, made on the
+    device from them (no wait): flex_attention's plan, or the gather path's mask; neither
+    for the C++ kernel, which reads the lengths."""
+    if flex:
+        return None, decode_plan(blocks, lens, block_size, cols)
+    if kernel:
+        return None, None
+    slots = torch.arange(blocks.shape[1] * block_size, device=lens.device)
+    return slots.view(1, 1, 1, -1) < lens, None
+
+
 def decode_forward(
     model: weakref.ref[PreTrainedModel], cache: KVCache, kernel: bool, flex: bool
 ) -> Forward:
@@ -285,9 +296,7 @@ def decode_forward(
         m = model()
         assert m is not None, "the model of these decode graphs is gone"
         lens, tables = static.lens, static.tables
-        mask = None
-        if not kernel and not flex:
-            mask = torch.arange(static.width * bs, device=lens.device).view(1, 1, 1, -1) < lens
+        mask, plan = decode_reads(tables, lens, bs, cols, kernel, flex)
         paged = PagedBatch(
             cache=cache,
             slot_mapping=static.slots,
@@ -297,7 +306,7 @@ def decode_forward(
             decode_mask=mask,
             prefills=[],
             decode_kernel=kernel,
-            flex_decode=decode_plan(tables, lens, bs, cols) if flex else None,
+            flex_decode=plan,
         )
         out = m(
             input_ids=static.ids,
