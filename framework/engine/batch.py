@@ -54,6 +54,9 @@ class StepBatch:
     # When set (a device tensor, one id per row), every row is a decode row whose input token
     # is still on the device from the previous step; `Row.token_ids` then holds a placeholder.
     device_inputs: Any = None
+    # Requests still waiting once the step was planned: what a real engine's scheduler walks
+    # each step, so a simulated engine's software prices it (`executor.software`).
+    waiting: int = 0
 
     @classmethod
     def counted(
@@ -65,10 +68,11 @@ class StepBatch:
         prefill_tokens: int,
         decode_rows: int,
         sampling_rows: int,
+        waiting: int = 0,
     ) -> StepBatch:
         """A batch whose counts its builder already took while packing it (the engine does:
         at trace scale three more passes over the rows were a tenth of its host work)."""
-        batch = cls(rows, device_inputs)
+        batch = cls(rows, device_inputs, waiting)
         batch.__dict__.update(  # what the cached properties below would compute
             num_tokens=num_tokens,
             prefill_tokens=prefill_tokens,

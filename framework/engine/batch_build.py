@@ -56,7 +56,7 @@ class BatchBuilder:
         self.short_table = short_table  # what an IndexError means for a row
         self.map_slots = True
 
-    def build(self, plan: StepPlan, newest: HeldStep | None) -> StepBatch:
+    def build(self, plan: StepPlan, newest: HeldStep | None, waiting: int = 0) -> StepBatch:
         """The plan's rows, packed, each computing `plan.tokens(seq)`. While the rows are
         exactly those of the newest held step, every row with a held token takes it from
         that step's device tensor: nothing crosses to the host (a row part way through a
@@ -161,4 +161,5 @@ class BatchBuilder:
             prefill_tokens=prefill_tokens,
             decode_rows=decode_rows,
             sampling_rows=sampling_rows,
+            waiting=waiting,
         )

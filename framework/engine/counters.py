@@ -12,10 +12,12 @@ from typing import Any
 
 PHASES = (
     "schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host",
-    "readback", "wait",
+    "readback", "wait", "software",
 )  # fmt: skip
 # The engine's own work, measured phase by phase; under a simulation's modelled host time
 # (`executor.host_time=model`) they read 0 and the modelled cost is `host` instead.
+# `software` is a simulated engine's own software (`executor.software`): its scheduling,
+# launches and output processing that the device did not hide.
 # `readback` is a simulation's predicted readbacks of sampled tokens (the profile's
 # `readback_s` per transfer); a real run's readbacks are timed inside `output`. `wait` is a
 # simulated GPU's (`executor.overlap`): the host standing idle while the device finishes

@@ -45,6 +45,11 @@ class ExecResult:
     forward_s: float  # the model call alone, on the host's clock (on CUDA: its launches)
     sample_s: float
     prepare_s: float = 0.0  # host work turning the batch into device tensors (block tables)
+    # A simulated engine's own software (`executor.software`): the host seconds of its
+    # scheduling, launches and output processing that the device did not hide, charged on
+    # the virtual clock before the step's device work. 0 for a real executor, whose host
+    # time is its own.
+    host_s: float = 0.0
     # On CUDA, events around the forward and the sampler on the device's stream: their
     # device seconds, read when the step's tokens are drained. None where the host's
     # seconds are the device's (a CPU, a simulator).

@@ -311,7 +311,7 @@ class Engine:
         plan = self.planner.plan(self.timer)
         if not plan.rows:
             return self._idle()
-        batch = self.builder.build(plan, self.output.newest)
+        batch = self.builder.build(plan, self.output.newest, len(self.planner.waiting))
         self.timer.lap("build")
         result, ready_at = self._execute(batch)
         wasted, states = self.update_from_output(plan, batch, result, ready_at)
@@ -347,11 +347,15 @@ class Engine:
         step's tokens exist on the device."""
         self.clock.executing(len(batch.rows))
         result = self.executor.execute(batch)
-        ready_at, waited = self.clock.executed(result.prepare_s, result.forward_s + result.sample_s)
+        ready_at, waited = self.clock.executed(
+            result.prepare_s + result.host_s, result.forward_s + result.sample_s
+        )
         timer = self.timer
         timer.wait += waited  # a simulated GPU still busy with the step before
         # the executor's tensor preparation is host work, even though the executor does it
         timer.add("build", result.prepare_s)
+        if result.host_s:  # a simulated engine's software (`executor.software`)
+            timer.add("software", result.host_s)
         timer.add("forward", result.forward_s)
         timer.add("sample", result.sample_s)
         timer.skip()

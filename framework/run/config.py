@@ -90,6 +90,14 @@ class ExecutorConfig:
     # pairs); null: the hardware spec's `default_interconnect`
     tensor_parallel: int = 1
     interconnect: str | None = None
+    # simulated: the serving engine's own software on the virtual clock (a shipped profile of
+    # framework/executors/simulated/software/, or a file): its host time per step and row, its
+    # kernel launches (eager or CUDA graphs), what it overlaps with the device. `ideal`: none,
+    # a step is its kernels plus the hardware spec's round host cost (docs/simulator-software.md)
+    software: str = "ideal"
+    # simulated, with a software profile whose API server shares the engine's process: charge
+    # the server's per-request and per-token work (an online run, as the engine's server)
+    api_server: bool = False
     # simulated, under `python serve.py`: `wall` waits out each step's predicted seconds on
     # the wall clock, so the API answers with the profile's timing; `none` answers as fast
     # as this machine simulates. A batch run (`run.py`) is not paced.
@@ -346,7 +354,16 @@ def check_executor(x: Any) -> None:
         raise ValueError(
             f"executor.tensor_parallel must be 1, 2, 4 or 8; got {x.tensor_parallel!r}"
         )
+    if x.software != "ideal":
+        from framework.executors.simulated.software import SoftwareProfile
+
+        SoftwareProfile.load(str(x.software))  # a bad name or field: one line, before any run
     if x.name == "model":
+        if x.software != "ideal" or x.api_server:
+            raise ValueError(
+                "executor.software and executor.api_server apply to executor=simulated (this "
+                "run's engine is nanoserve itself)"
+            )
         if x.tensor_parallel != 1:
             raise ValueError(
                 "executor.tensor_parallel applies to executor=simulated with an analytic GPU "

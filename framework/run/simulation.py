@@ -30,6 +30,7 @@ from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.model_shape import ModelShape as AnalyticShape
 from framework.executors.simulated.load import load_cost_model
+from framework.executors.simulated.software import IDEAL, SoftwareClock, SoftwareProfile
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 from framework.run.config import overlap_setting
 from framework.tracking.machine import cpu_info
@@ -214,7 +215,15 @@ def build_simulated(
     )
     speed = float(x.speed)
     host = None
-    if x.host_time == "model":
+    software = None
+    if x.software != IDEAL:
+        # Another engine's software replaces both of nanoserve's host times: its own host
+        # work (`measured`) and the hardware spec's round per-step cost (`model`).
+        profile = SoftwareProfile.load(str(x.software))
+        layers = int(shape.config.num_hidden_layers)
+        software = SoftwareClock(profile, layers, bool(x.api_server), speed)
+        host = _no_host
+    elif x.host_time == "model":
         host = cost.host.seconds if speed == 1 else lambda rows: cost.host.seconds(rows) / speed
     asked = overlap_setting(x.overlap)
     overlap = device_beside_host(cost) if asked is None else asked
@@ -226,5 +235,13 @@ def build_simulated(
     prep = getattr(cost, "prepare", None)
     prepare = prep.seconds if prep is not None and host is None else None
     readback = float(getattr(cost, "readback_s", 0.0))  # analytic profiles have none yet
-    executor = SimulatedExecutor(cost, tokens, path, speed, compute, prepare, readback, overlap)
+    executor = SimulatedExecutor(
+        cost, tokens, path, speed, compute, prepare, readback, overlap, software
+    )
     return executor, clock
+
+
+def _no_host(rows: int) -> float:
+    """The clock's modelled host time where an engine's software profile prices it instead
+    (through each step's `ExecResult.host_s`)."""
+    return 0.0

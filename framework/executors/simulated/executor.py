@@ -11,6 +11,7 @@ from framework.engine.batch import StepBatch
 from framework.engine.executor import ExecResult
 from framework.executors.simulated.cost import CostModel
 from framework.executors.simulated.features import StepFeatures
+from framework.executors.simulated.software import SoftwareClock
 from framework.executors.simulated.tokens import TokenStreams
 
 
@@ -28,6 +29,7 @@ class SimulatedExecutor:
         prepare: Callable[[StepFeatures], float] | None = None,
         readback_s: float = 0.0,
         overlap: bool = False,
+        software: SoftwareClock | None = None,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -57,6 +59,10 @@ class SimulatedExecutor:
         # attention over what it reads (an analytic profile of Mistral 7B); None elsewhere,
         # as for a measured profile, whose steps were timed on whatever its kernels read.
         self.window: int | None = getattr(cost, "attention_window", None)
+        # The serving engine's own software (`executor.software`; None: `ideal`): the host
+        # seconds of each step that its kernels do not show, priced from the step's shape
+        # and its device seconds (`framework.executors.simulated.software`).
+        self.software = software
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
@@ -71,6 +77,10 @@ class SimulatedExecutor:
             out["speed"] = f"{self.speed:g}"
         if self.compute_speed != self.speed:
             out["compute_speed"] = f"{self.compute_speed:g}"
+        if self.software is not None:
+            out["software"] = self.software.profile.name
+            out["software_is"] = self.software.profile.describe()
+            out["api_server"] = "in the engine's process" if self.software.api_server else "none"
         return out
 
     def execute(self, batch: StepBatch) -> ExecResult:
@@ -78,10 +88,18 @@ class SimulatedExecutor:
         cost = self.cost.predict(features)
         # A chunk short of its prompt's end samples nothing: its entry is never read.
         ids = self.tokens.tokens(batch.rows)
+        compute_s = cost.compute_s
+        forward_s = (cost.forward_s - compute_s) / self.speed + compute_s / self.compute_speed
+        sample_s = cost.sample_s / self.speed
+        host_s = 0.0
+        if self.software is not None:
+            new = sum(1 for r in batch.rows if r.start_pos == 0)  # requests starting a prompt
+            step = self.software.step(features, forward_s + sample_s, batch.waiting, new)
+            host_s = step.exposed_s
         return ExecResult(
             tokens=ids,  # host values: no tensor to build, nothing to read back
-            forward_s=(cost.forward_s - cost.compute_s) / self.speed
-            + cost.compute_s / self.compute_speed,
-            sample_s=cost.sample_s / self.speed,
+            forward_s=forward_s,
+            sample_s=sample_s,
             prepare_s=self.prepare(features) / self.speed if self.prepare else 0.0,
+            host_s=host_s,
         )
