@@ -220,3 +220,12 @@ def test_the_real_executor_refuses_it(capsys: Any, tmp_path: Path) -> None:
         capsys, "model=tiny", "executor.software=vllm-0.1", f"hydra.run.dir={tmp_path}"
     )
     assert_refused(status, err, "executor.software and executor.api_server apply to")
+
+
+def test_the_engine_check_runs(tmp_path: Path) -> None:
+    from experiments.sim import engine_check
+
+    engine_check.main(["--quick", "--out", str(tmp_path)])
+    found = json.loads((tmp_path / "engine_check.json").read_text())
+    assert found and all(c["ratio"] > 0 and c["published"] > 0 for c in found)
+    assert "simulated, analytic" in (tmp_path / "engine_check.md").read_text()
