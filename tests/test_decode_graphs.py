@@ -33,7 +33,7 @@ from framework.executors.decode_graphs import DecodeGraphs, buckets, choose_grap
 from framework.executors.kernel_choice import Choice
 from framework.executors.model_loader import TinySpec, load_model
 from framework.run.app import build_engine
-from framework.run.config import check_engine
+from framework.run.config_checks import check_engine
 from tests.helpers import make_cfg, spec, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -40,7 +40,7 @@ from framework.executors.kernels.paged_decode import why_not
 from framework.executors.paged_attention import PagedBatch, paged_attention
 from framework.executors.sync_watch import watched
 from framework.run.app import build_engine
-from framework.run.config import check_engine
+from framework.run.config_checks import check_engine
 from tests.helpers import assert_refused, cli, make_cfg, run_engine
 from tests.test_no_sync import workload
 

@@ -203,12 +203,13 @@ class Engine:
         self._enqueue(seq)
         return seq
 
-    def _enqueue(self, seq: Sequence) -> None:
+    def _enqueue(self, seq: Sequence, now: bool = False) -> None:
+        """`seq` queued (arrived by now when `now`), or rejected where it could never run."""
         reason = why_never(seq, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
         if reason:
             seq.status, seq.reject_reason = Status.REJECTED, reason
         else:
-            self.planner.enqueue(seq)
+            self.planner.enqueue(seq, now=now)
 
     @property
     def has_work(self) -> bool:
@@ -270,11 +271,7 @@ class Engine:
         """A request re-routed from a failed replica (`Sequence.rerouted_copy`) joins the
         waiting queue now, behind those that have arrived here by now."""
         self.seqs.append(copy)
-        reason = why_never(copy, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
-        if reason:
-            copy.status, copy.reject_reason = Status.REJECTED, reason
-        else:
-            self.planner.enqueue(copy, now=True)
+        self._enqueue(copy, now=True)
 
     def take_handed_off(self) -> list[HandOff]:
         """The requests handed off since the last call (a prefill replica's, each after its

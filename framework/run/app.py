@@ -33,7 +33,7 @@ from framework.executors.model_loader import (
 )
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.run.cluster_run import ClusterRunner, build_router
-from framework.run.config import check_run, check_window
+from framework.run.config_checks import check_run, check_window
 from framework.run.disaggregation import build_handoffs, decode_router, link_setting
 from framework.run.errors import user_input
 from framework.run.fits import check_fits

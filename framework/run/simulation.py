@@ -32,7 +32,7 @@ from framework.executors.simulated.gpu.model_shape import ModelShape as Analytic
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.software import IDEAL, SoftwareClock, SoftwareProfile
 from framework.executors.simulated.tokens import TokenStreams, read_replay
-from framework.run.config import overlap_setting
+from framework.run.config_checks import overlap_setting
 from framework.tracking.machine import cpu_info
 
 PROFILES = Path(__file__).resolve().parents[1] / "executors" / "simulated" / "profiles"

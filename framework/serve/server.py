@@ -39,7 +39,7 @@ from framework.run.app import (
     resolve_device,
     start_run,
 )
-from framework.run.config import check_run, check_window
+from framework.run.config_checks import check_run, check_window
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, write_results
 from framework.run.server_config import check_server
