@@ -10,6 +10,7 @@ import csv
 import json
 import random
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -367,12 +368,23 @@ def test_every_ray_replica_lost_ends_in_one_line_with_what_finished(
     with pytest.raises(ValueError, match="every replica down for good"):
         ray_runner(monkeypatch, faults)  # refused before anything runs
     run, tokenizer, _ = ray_runner(monkeypatch, "cluster.faults=[{replica: 1, down_at_s: 0.03}]")
-    run.kills.append(type(run.kills[0])(0, 0.06))  # the other one too, as a crash would
+    outage, waited = type(run.kills[0]), run._wait_until
+
+    def wait_until(t: float) -> None:
+        # The other one too, as a crash would, once a request has finished (not at a fixed
+        # time: on a loaded machine none might have finished by then).
+        if run.done and not run.kills and len(run.live) == 1:
+            run.kills.append(outage(0, run._elapsed()))
+        waited(t)
+
+    monkeypatch.setattr(run, "_wait_until", wait_until)
+    # Arrivals spread over 1.5 s: the last ones come after the loss, so some never finish.
+    specs = [replace(s, arrival=0.05 * i) for i, s in enumerate(RAY_SPECS)]
     with pytest.raises(RunStopped, match="every replica was lost") as stopped:
-        run.run(RAY_SPECS, tokenizer.eos_token_id)
+        run.run(specs, tokenizer.eos_token_id)
     assert "\n" not in str(stopped.value)
     partial = run.partial_result()
-    assert 0 < len(partial.seqs) < len(RAY_SPECS)
+    assert 0 < len(partial.seqs) < len(specs)
     assert all(s.status is Status.RELEASED and s.finish_reason == "length" for s in partial.seqs)
 
 
