@@ -18,13 +18,20 @@ def test_guidellm_against_the_server_beside_its_own_figures(tmp_path: Path) -> N
 
     main(
         [
-            "--quick", "--concurrency", "1,4", "--requests", "4", "--seconds", "30",
+            "--quick", "--concurrency", "1,4", "--requests", "4", "--seconds", "60",
             "--prompt-tokens", "24", "--output-tokens", "6", "--out", str(tmp_path),
             "engine.packed_linears=false", "engine.paged_kernel=false",
             "engine.argmax_kernel=false", "engine.layer_glue=false",
         ]
     )  # fmt: skip
     rows = json.loads((tmp_path / "serve_bench.json").read_text())
+    for row in rows:  # every request guidellm completed is joined with the server's own
+        bench = json.loads((tmp_path / f"guidellm-c{row['concurrency']}.json").read_text())
+        done = [r for b in bench["benchmarks"] for r in b["requests"]["successful"]]
+        assert row["requests"] == len(done), (
+            row,
+            {k: len(v) for k, v in bench["benchmarks"][0]["requests"].items()},
+        )
     assert [(r["concurrency"], r["requests"]) for r in rows] == [(1, 4), (4, 4)]
     for row in rows:
         # The client's clock starts before the server's and stops after it: never less.
