@@ -24,12 +24,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import multiprocessing
-import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ from omegaconf import OmegaConf
 
 from framework.run.compose import compose_cfg
 from framework.run.errors import UserError
+from framework.run.workers import cores, fork_map_as_done
 from framework.studies.goodput_probes import BASE, Prober, check_config
 from framework.studies.goodput_probes import COLUMNS as PROBE_FIGURES
 from framework.studies.goodput_search import find_capacity
@@ -195,21 +193,16 @@ def pool_utilisation(summary: dict[str, Any]) -> dict[str, float | None]:
 
 def search_all(searches: list[Search], s: Settings) -> list[dict[str, Any]]:
     """Every job's search, on `workers` forked processes (the rows in job order)."""
-    workers = s.workers or os.cpu_count() or 1
-    workers = max(1, min(workers, len(searches)))
+    workers = max(1, min(s.workers or cores(), cores(), len(searches)))
     print(
         f"searching {len(searches)} jobs for their goodput, {workers} at a time",
         file=sys.stderr,
         flush=True,
     )
-    if workers == 1:
-        return [announce(x, run_search(x, s)) for x in searches]
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(run_search, x, s): x for x in searches}
-        for done in as_completed(futures):
-            announce(futures[done], done.result())
-        return [f.result() for f in futures]
+    rows: dict[int, dict[str, Any]] = {}
+    for i, row in fork_map_as_done(lambda x: run_search(x, s), searches, workers):
+        rows[i] = announce(searches[i], row)
+    return [rows[i] for i in range(len(searches))]
 
 
 def announce(search: Search, row: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,6 @@ pickled, and only each job's numbers come back.
 
 from __future__ import annotations
 
-import gc
-import multiprocessing
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +34,9 @@ from framework.engine.request import RequestSpec
 from framework.run.app import build_runner, check_before_loading, load
 from framework.run.compose import compose_cfg
 from framework.run.errors import user_input
-from framework.run.forked import workers as cores
 from framework.run.simulation import is_simulated
 from framework.run.summary import summarize
+from framework.run.workers import fork_map
 from framework.workloads import build_workload
 
 
@@ -74,8 +71,8 @@ class JobOutcome:
 
 @dataclass
 class _Plan:
-    """The jobs' configs, and what they share: models by key, workloads by key. Set as a
-    module global before workers fork, so that they read it in place."""
+    """The jobs' configs, and what they share: models by key, workloads by key. Forked
+    workers read it in place (`framework.run.workers`)."""
 
     jobs: Sequence[Job]
     configs: list[DictConfig]
@@ -83,7 +80,6 @@ class _Plan:
     workloads: dict[str, list[RequestSpec]] = field(default_factory=dict)
 
 
-_plan: _Plan | None = None
 # Simulated model shapes (config and tokenizer, no weights) by key, kept for the process: a
 # capacity search calls `run_jobs` once a probe, and reading the shape again is most of a
 # short probe's cost. A real model's weights are loaded for each call and let go after it.
@@ -116,7 +112,6 @@ def run_jobs(
 ) -> list[JobOutcome]:
     """Run `jobs` (in order of the list returned), `workers` at a time where forking is
     possible; a user's mistake raises `UserError` before the first one starts."""
-    global _plan
     configs = check_jobs(base, jobs, user)
     plan = _Plan(jobs, configs)
     with user_input():  # a model folder or trace the checks passed but cannot be read
@@ -131,31 +126,15 @@ def run_jobs(
                 tokenizer = plan.models[mkey][1]
                 container = OmegaConf.to_container(cfg.workload, resolve=True)
                 plan.workloads[wkey] = build_workload(container, tokenizer)
-    _plan = plan
-    try:
-        count = min(workers, cores(), len(jobs))
-        if count < 2:
-            return [_run(i) for i in range(len(jobs))]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()  # a collection in a worker would touch, and so copy, every page
-        try:
-            context = multiprocessing.get_context("fork")
-            with context.Pool(count, maxtasksperchild=1) as pool:
-                return list(pool.imap(_run, range(len(jobs))))
-        finally:
-            gc.unfreeze()
-    finally:
-        _plan = None
+    return list(fork_map(lambda index: _run(plan, index), range(len(jobs)), workers, fresh=True))
 
 
-def _run(index: int) -> JobOutcome:
+def _run(plan: _Plan, index: int) -> JobOutcome:
     """Job `index` of the plan: its engine, or its cluster of them (`cluster.replicas`,
     disaggregated by `cluster.roles` as in `run.py`), over the shared model and workload."""
-    assert _plan is not None
-    job, cfg = _plan.jobs[index], _plan.configs[index]
-    model, tokenizer, device, dtype = _plan.models[_model_key(cfg)]
-    specs = _plan.workloads[_workload_key(cfg)]
+    job, cfg = plan.jobs[index], plan.configs[index]
+    model, tokenizer, device, dtype = plan.models[_model_key(cfg)]
+    specs = plan.workloads[_workload_key(cfg)]
     began = time.perf_counter()
     runner = build_runner(cfg, model, device, dtype, registry().pm.hook, say=False)
     result = runner.run(specs, tokenizer.eos_token_id)
