@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from framework.engine.loop import RunResult
 from framework.engine.step_log import StepLog
 from framework.run.paths import ROOT
-from framework.studies.goodput_search import find_capacity
+from framework.studies.reproductions.cells import PaperSetup
 from framework.studies.reproductions.distserve_cells import FIRST_TTFT, PUBLISHED, cells
 from framework.studies.reproductions.distserve_costs import write_profiles
 from framework.studies.reproductions.distserve_figure import draw
@@ -57,11 +57,17 @@ from framework.studies.reproductions.distserve_tables import (
     setup,
     shape_section,
 )
-from framework.studies.reproductions.jobs import Job
+from framework.studies.reproductions.jobs import JobOutcome
 from framework.studies.reproductions.reproduction import Context, Outcome
-from framework.studies.slo import ATTAINMENT, Condition, attainment, check, parse_condition
+from framework.studies.reproductions.search import Found, SearchJob, rate_override
+from framework.studies.slo import ATTAINMENT, Condition, attainment, parse_condition
 
 OPT_13B = ROOT / "framework" / "executors" / "simulated" / "models" / "opt-13b"
+# The blog's set-up: "a 13B LLM" (read as OPT-13B, papers.md) on one A100-80GB a replica.
+PAPER = PaperSetup(
+    "OPT-13B on A100-80GBs",
+    {"model.path": str(OPT_13B), "executor.hardware": "a100-80gb", "executor.tensor_parallel": 1},
+)
 PROMPT, OUTPUT = 512, 64  # tokens, every request
 TTFT_S, TPOT_S = 0.4, 0.04  # the SLO's P90 targets
 TARGET = 0.9  # the attainment form: the share of all requests that must meet both
@@ -76,6 +82,7 @@ BASE = (
     "executor=simulated",
     "executor.hardware=a100-80gb",
     "executor.host_time=model",
+    "executor.software=distserve",  # the blog's engine: DistServe's own (software/distserve.yaml)
     "model=hf",
     f"model.path={OPT_13B}",
     "dtype=float16",
@@ -158,101 +165,72 @@ def measured(result: RunResult) -> dict[str, Any]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layout:
-    """One serving layout's runs, kept by rate, so that the grid's runs seed every search on
-    it and no rate runs twice. `overrides(rate)` are its own settings at a rate."""
+    """One serving layout: what the tables call it (`key`), its name in the results
+    (`name`), its own settings (`fixed`) and those that follow the rate (`at`, the rate
+    itself among them). Every search of a layout shares its runs (`ctx.search`)."""
 
     key: str
-    overrides: Callable[[float], tuple[str, ...]]
-    runs: dict[float, dict[str, Any]] = field(default_factory=dict)
+    name: str
+    fixed: tuple[str, ...]
+    at: Callable[[float], tuple[str, ...]] = rate_override
 
-    def job(self, rate: float, size: dict[str, Any], label: str) -> Job:
-        """The run of this layout at `rate`, of the size's requests."""
-        return Job(
-            f"{label}{self.key} {rate:.4g} req/s",
-            (
-                *self.overrides(rate),
-                f"workload.num_requests={size['requests']}",
-                f"workload.rate={rate!r}",
-            ),
+    def search(
+        self, name: str, conditions: Sequence[Condition], size: dict[str, Any], label: str
+    ) -> SearchJob:
+        """The search of this layout under `conditions`, from the bracket of the size's
+        grid of rates (and whatever the layout's searches before it probed)."""
+        return SearchJob(
+            name,
+            (*self.fixed, f"workload.num_requests={size['requests']}"),
+            tuple(conditions),
+            label=f"{label}{self.key}",
+            tolerance=size["tolerance"],
+            max_probes=size["probes"],
+            grid=tuple(size["grid"]),
+            at=self.at,
             measure=measured,
         )
 
 
-def run_grid(ctx: Context, layouts: Sequence[Layout], size: dict[str, Any], label: str) -> None:
-    """Every layout at every rate of the size's grid it has not run, in one batch of jobs
-    (`ctx.workers` at once)."""
-    plan = [(lay, r) for lay in layouts for r in size["grid"] if r not in lay.runs]
-    done = ctx.run(BASE, [lay.job(r, size, label) for lay, r in plan])
-    for (lay, rate), outcome in zip(plan, done, strict=True):
-        lay.runs[rate] = outcome.metrics
-
-
-def bracket(
-    runs: dict[float, dict[str, Any]], conditions: Sequence[Condition]
-) -> tuple[float, float | None]:
-    """Where a search starts: the highest rate run that met the SLO below the lowest that
-    missed it, and that one (None: none missed). None met: half the lowest rate run."""
-    rates = sorted(runs)
-    if not rates:
-        return 1.0, None
-    met = {r: all(c.passed for c in check(conditions, runs[r])) for r in rates}
-    missed = [r for r in rates if not met[r]]
-    first_miss = missed[0] if missed else None
-    below = [r for r in rates if met[r] and (first_miss is None or r < first_miss)]
-    if not below:
-        return rates[0] / 2, rates[0]
-    return below[-1], first_miss
-
-
-def search(
-    ctx: Context,
-    layout: Layout,
-    conditions: Sequence[Condition],
-    size: dict[str, Any],
-    label: str,
-) -> dict[str, Any]:
-    """The highest rate at which `layout` meets every condition, from the bracket its runs
-    give; each new probe one job, kept in `layout.runs`."""
-
-    def probe(rate: float) -> dict[str, Any]:
-        if rate not in layout.runs:
-            (done,) = ctx.run(BASE, [layout.job(rate, size, label)])
-            layout.runs[rate] = done.metrics
-        return layout.runs[rate]
-
-    low, high = bracket(layout.runs, conditions)
-    found = find_capacity(
-        probe,
-        conditions,
-        low=low,
-        high=high,
-        tolerance=size["tolerance"],
-        max_probes=size["probes"],
-    )
+def searched(found: Found) -> dict[str, Any]:
+    """A search as the tables read it."""
+    r = found.result
     return {
-        "layout": layout.key,
-        "slo": " and ".join(c.text for c in conditions),
-        "rate": found.goodput,
-        "status": found.status,
-        "low": found.low,
-        "high": found.high,
-        "probes": len(found.probes),
+        "slo": " and ".join(c.text for c in r.conditions),
+        "rate": r.goodput,
+        "status": r.status,
+        "low": r.low,
+        "high": r.high,
+        "probes": len(r.probes),
     }
+
+
+def run_searches(
+    ctx: Context, jobs: dict[str, tuple[Layout, SearchJob]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Every search by name, and each layout's curve (its runs by rate)."""
+    found = ctx.search(BASE, [job for _, job in jobs.values()])
+    results, curves = {}, {}
+    for (name, (layout, _)), f in zip(jobs.items(), found, strict=True):
+        results[name] = {"layout": layout.key, **searched(f)}
+        curves[layout.name] = curve(f.runs)
+    return results, curves
 
 
 def colocated_searches(
-    ctx: Context, layout: Layout, size: dict[str, Any], label: str
-) -> dict[str, dict[str, Any]]:
+    layout: Layout, size: dict[str, Any], label: str
+) -> dict[str, tuple[Layout, SearchJob]]:
     """A colocated GPU's four searches: each percentile alone, both, the attainment form."""
     ttft, tpot = percentile_slo()
-    return {
-        "colocated_ttft": search(ctx, layout, [ttft], size, label),
-        "colocated_tpot": search(ctx, layout, [tpot], size, label),
-        "colocated_goodput": search(ctx, layout, [ttft, tpot], size, label),
-        "colocated_attainment": search(ctx, layout, attainment_slo(), size, label),
+    forms = {
+        "colocated_ttft": [ttft],
+        "colocated_tpot": [tpot],
+        "colocated_goodput": [ttft, tpot],
+        "colocated_attainment": attainment_slo(),
     }
+    return {k: (layout, layout.search(k, c, size, label)) for k, c in forms.items()}
 
 
 def measure_all(
@@ -261,48 +239,43 @@ def measure_all(
     """Every layout's grid and searches under one set of step costs (`costs`: extra
     overrides for the colocated GPU and for the disaggregated ones)."""
     colo, disagg = costs["colocated"], costs["disaggregated"]
-    lay = {
-        "colocated": Layout("colocated", lambda r: colo),
-        "prefill_only": Layout("prefill-only", lambda r: (*disagg, *PREFILL_ONLY)),
-        "p2d1": Layout("2P1D", lambda r: (*disagg, *roles(2, 1))),
-    }
-    run_grid(ctx, list(lay.values()), size, label)
+    prefill_only = Layout("prefill-only", "prefill_only", (*disagg, *PREFILL_ONLY))
+    p2d1 = Layout("2P1D", "p2d1", (*disagg, *roles(2, 1)))
     ttft, tpot = percentile_slo()
-    s = colocated_searches(ctx, lay["colocated"], size, label)
-    s["prefill_only"] = search(ctx, lay["prefill_only"], [ttft], size, label)
-    s["p2d1"] = search(ctx, lay["p2d1"], [ttft, tpot], size, label)
-    s["p2d1_attainment"] = search(ctx, lay["p2d1"], attainment_slo(), size, label)
+    jobs = colocated_searches(Layout("colocated", "colocated", colo), size, label)
+    jobs["prefill_only"] = (prefill_only, prefill_only.search("prefill_only", [ttft], size, label))
+    jobs["p2d1"] = (p2d1, p2d1.search("p2d1", [ttft, tpot], size, label))
+    jobs["p2d1_attainment"] = (p2d1, p2d1.search("p2d1_attainment", attainment_slo(), size, label))
+    s, curves = run_searches(ctx, jobs)
     prefill = s["prefill_only"]["rate"]
     check_1p1d: dict[str, Any] | None = None
     if prefill is not None:
-        lay["decode_only"] = Layout(
-            "decode-only", lambda r: (*disagg, *roles(prefills_for(r, prefill), 1))
-        )
-        run_grid(ctx, [lay["decode_only"]], size, label)
-        s["decode_only"] = search(ctx, lay["decode_only"], [tpot], size, label)
-        found = s["decode_only"]["rate"]
-        if found is not None:
-            s["decode_only"]["prefill_gpus"] = prefills_for(found, prefill)
-        one = Layout("1P1D", lambda r: (*disagg, *roles(1, 1)))
-        run_grid(ctx, [one], {**size, "grid": (prefill,)}, label)
-        check_1p1d = {"rate": prefill, "ttft_p90_s": one.runs[prefill]["ttft_p90_s"]}
-        check_1p1d["prefill_only_ttft_p90_s"] = lay["prefill_only"].runs[prefill]["ttft_p90_s"]
-    return {
-        "searches": s,
-        "curves": {k: curve(v) for k, v in lay.items()},
-        "check_1p1d": check_1p1d,
-        "rates": rates_of(s),
-    }
+
+        def fed(rate: float) -> tuple[str, ...]:
+            return (*roles(prefills_for(rate, prefill), 1), *rate_override(rate))
+
+        decode = Layout("decode-only", "decode_only", disagg, fed)
+        one_search = {"decode_only": (decode, decode.search("decode_only", [tpot], size, label))}
+        found, more = run_searches(ctx, one_search)
+        s |= found
+        curves |= more
+        if s["decode_only"]["rate"] is not None:
+            s["decode_only"]["prefill_gpus"] = prefills_for(s["decode_only"]["rate"], prefill)
+        one = Layout("1P1D", "1p1d", (*disagg, *roles(1, 1))).search("1p1d", [ttft], size, label)
+        (run,) = ctx.run(BASE, [one.job(prefill)])
+        check_1p1d = {"rate": prefill, "ttft_p90_s": run.metrics["ttft_p90_s"]}
+        at = next(p for p in curves["prefill_only"] if p["rate"] == prefill)
+        check_1p1d["prefill_only_ttft_p90_s"] = at["ttft_p90_s"]
+    return {"searches": s, "curves": curves, "check_1p1d": check_1p1d, "rates": rates_of(s)}
 
 
 def measure_colocated(
     ctx: Context, size: dict[str, Any], over: tuple[str, ...], label: str
 ) -> dict[str, Any]:
     """The colocated GPU alone, its grid and searches, under the step costs `over` sets."""
-    layout = Layout("colocated", lambda r: over)
-    run_grid(ctx, [layout], size, label)
-    s = colocated_searches(ctx, layout, size, label)
-    return {"searches": s, "curves": {"colocated": curve(layout)}, "rates": rates_of(s)}
+    layout = Layout("colocated", "colocated", over)
+    s, curves = run_searches(ctx, colocated_searches(layout, size, label))
+    return {"searches": s, "curves": curves, "rates": rates_of(s)}
 
 
 def rates_of(s: dict[str, dict[str, Any]]) -> dict[str, float | None]:
@@ -326,7 +299,7 @@ def rates_of(s: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
-def curve(layout: Layout) -> list[dict[str, Any]]:
+def curve(runs: dict[float, JobOutcome]) -> list[dict[str, Any]]:
     """A layout's runs in rate order, the numbers its figure and tables read."""
     keys = (
         "ttft_p90_s",
@@ -338,7 +311,7 @@ def curve(layout: Layout) -> list[dict[str, Any]]:
         "decode_step_s",
         "decode_step_rows",
     )
-    return [{"rate": r, **{k: layout.runs[r].get(k) for k in keys}} for r in sorted(layout.runs)]
+    return [{"rate": r, **{k: runs[r].metrics.get(k) for k in keys}} for r in sorted(runs)]
 
 
 def diagnosis_profiles(ctx: Context) -> tuple[dict[str, Path] | None, str]:
@@ -393,6 +366,7 @@ def reproduce(ctx: Context) -> Outcome:
         setup=setup(ctx.quick, size),
         draw=lambda png: draw(png, analytic, profiled, PUBLISHED, FIRST_TTFT, (TTFT_S, TPOT_S)),
         config=ctx.config(BASE),
+        paper_setup=PAPER,
         sections=[
             ("The rates, the two forms of the SLO, and the cross-checks", forms_section(analytic)),
             ("The result's shape, scale apart", shape_section(analytic, profiled, PUBLISHED)),
