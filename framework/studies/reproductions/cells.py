@@ -18,7 +18,8 @@ rule whatever the unit, the one measure that compares cells of different units (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 POINTS = "%"  # the unit whose deviation is a difference in points
@@ -37,6 +38,10 @@ class Cell:
     published_high: float | None = None  # a published range: published .. published_high
     source: str = ""
     note: str = ""
+    # Set where the run's set-up is not the paper's (`PaperSetup.held_to`): the paper's value
+    # for its own set-up, labelled ("Mistral-7B on one A100 80GB PCIe: 2.6x"); the cell then
+    # has no published value for this set-up and no deviation.
+    published_for: str = ""
 
     def _target(self) -> float:
         """The published value the simulated one is held to: the value itself, or the
@@ -69,6 +74,8 @@ class Cell:
         return self.simulated / target - 1 if target else None
 
     def published_text(self) -> str:
+        if self.published_for:
+            return f"not published for this set-up (published for {self.published_for})"
         if self.published is None:
             return "-"
         hi = "" if self.published_high is None else f"-{self.published_high:g}"
@@ -86,7 +93,54 @@ class Cell:
             "relative": self.relative,
             "source": self.source,
             "note": self.note,
+            "published_for": self.published_for,
         }
+
+
+@dataclass(frozen=True)
+class PaperSetup:
+    """What a paper's numbers were measured on, as config keys and the values the paper ran
+    (`model.path` a folder, compared resolved; any other key compared as it composes): a
+    published number is a cell's target only on that set-up. Asked about another model, GPU
+    or parallelism, a reproduction computes its rules for what was asked, and its cells show
+    the paper's value as the paper's, beside, not as a target."""
+
+    label: str  # "Mistral-7B on one A100 80GB PCIe"
+    keys: dict[str, Any]
+
+    def differences(self, cfg: Any) -> list[str]:
+        """The keys where `cfg` (the composed config of a reproduction's runs) is not the
+        paper's set-up, each as `key=value (the paper: value)`."""
+        from omegaconf import OmegaConf
+
+        out = []
+        for key, want in self.keys.items():
+            have = OmegaConf.select(cfg, key)
+            same = (
+                have is not None and Path(str(have)).resolve() == Path(str(want)).resolve()
+                if key == "model.path"
+                else have == want
+            )
+            if not same:
+                out.append(f"{key}={have} (the paper: {want})")
+        return out
+
+    def held_to(self, cells: list[Cell], cfg: Any) -> list[Cell]:
+        """`cells` as they stand on `cfg`'s set-up: unchanged on the paper's, else each
+        published value moved to `published_for`, labelled with the paper's set-up."""
+        if not self.differences(cfg):
+            return cells
+        return [
+            replace(
+                c,
+                published=None,
+                published_high=None,
+                published_for=f"{self.label}: {c.published_text()}",
+            )
+            if c.published is not None
+            else c
+            for c in cells
+        ]
 
 
 @dataclass(frozen=True)

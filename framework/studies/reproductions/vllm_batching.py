@@ -31,7 +31,7 @@ from typing import Any
 
 from framework.run.paths import ROOT
 from framework.studies.goodput_search import find_capacity
-from framework.studies.reproductions.cells import Cell
+from framework.studies.reproductions.cells import Cell, PaperSetup
 from framework.studies.reproductions.jobs import Job, JobOutcome
 from framework.studies.reproductions.reproduction import Context, Outcome
 from framework.studies.reproductions.vllm_figure import draw
@@ -54,6 +54,10 @@ from framework.studies.slo import parse_condition
 SHAREGPT = ROOT.parent / "shared" / "data" / "traces" / "sharegpt_v3_lengths.csv"
 OPT_13B = ROOT / "framework" / "executors" / "simulated" / "models" / "opt-13b"
 
+PAPER = PaperSetup(
+    "OPT-13B on one A100-40GB",
+    {"model.path": str(OPT_13B), "executor.hardware": "a100-40gb", "executor.tensor_parallel": 1},
+)
 # OPT-13B on one A100-40GB with 12 GB of KV cache (Table 1: 15.7K token slots of 800 KB),
 # vLLM 0.1's batch caps (256 sequences, 2,560 tokens a step), on the profile's own host
 # seconds so that every machine simulates the same schedule.
@@ -61,6 +65,7 @@ BASE = (
     "executor=simulated",
     "executor.hardware=a100-40gb",
     "executor.host_time=model",
+    "executor.software=vllm-0.1",  # the paper's system: vLLM 0.1, eager (software/vllm-0.1.yaml)
     "model=hf",
     f"model.path={OPT_13B}",
     "dtype=float16",
@@ -168,6 +173,7 @@ def reproduce(ctx: Context) -> Outcome:
         setup=setup(ctx.quick, wls, size),
         draw=lambda png: draw(png, table, capacity, FIG13, FIG2),
         config=ctx.config(BASE),
+        paper_setup=PAPER,
         sections=[
             ("Batched requests, and what moves them", batch_section(table, wls, FIG13)),
             ("KV memory", memory_section(table["sharegpt"], FIG2)),

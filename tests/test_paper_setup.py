@@ -1,0 +1,84 @@
+"""A paper's rules follow the model asked: a reproduction asked about another model computes
+the rules the paper states as formulas for it (Sarathi-Serve's SLOs: 5x and 25x that model's
+decode iteration of 32 requests at 4K tokens; its KV pool: the GPU's memory less that model's
+weights), and its cells hold the paper's values beside them as the paper's set-up's, with no
+deviation, instead of as targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from framework.run.compose import compose_cfg
+from framework.run.paths import ROOT
+from framework.studies.reproductions import (
+    command,
+    distserve_toy,
+    sarathi_capacity,
+    vllm_batching,
+)
+from framework.studies.reproductions.cells import Cell, PaperSetup
+from framework.studies.reproductions.sarathi_capacity import SHAREGPT4, SLOS, kv_blocks
+
+LLAMA_8B = ROOT / "framework" / "executors" / "simulated" / "models" / "llama-8b"
+MISTRAL_7B = ROOT / "framework" / "executors" / "simulated" / "models" / "mistral-7b"
+
+
+def test_cells_off_the_papers_set_up_hold_its_values_beside() -> None:
+    paper = PaperSetup("M on G", {"model.path": str(MISTRAL_7B), "executor.hardware": "g"})
+    here = OmegaConf.create({"model": {"path": str(MISTRAL_7B)}, "executor": {"hardware": "g"}})
+    other = OmegaConf.create({"model": {"path": str(LLAMA_8B)}, "executor": {"hardware": "g"}})
+    cells = [Cell("ratio", 2.6, 1.3, "x"), Cell("drawn", None, 4.0, "req/s")]
+    assert paper.held_to(cells, here) == cells and not paper.differences(here)
+    (moved, drawn) = paper.held_to(cells, other)
+    assert paper.differences(other) == [f"model.path={LLAMA_8B} (the paper: {MISTRAL_7B})"]
+    assert moved.published is None and moved.deviation is None and moved.relative is None
+    assert moved.published_text() == "not published for this set-up (published for M on G: 2.6 x)"
+    assert moved.to_json()["published_for"] == "M on G: 2.6 x"
+    assert drawn == cells[1]
+
+
+def test_the_kv_pool_follows_the_model_and_gpu() -> None:
+    mistral = kv_blocks(MISTRAL_7B, "a100-80gb-pcie")
+    assert kv_blocks(LLAMA_8B, "a100-80gb-pcie") < mistral  # more weights, more KV a token
+    assert kv_blocks(MISTRAL_7B, "a100-40gb") < mistral
+    assert kv_blocks(MISTRAL_7B, "a100-80gb-pcie", tp=2) > mistral
+
+
+def quick(tmp: Path, name: str, *overrides: str) -> dict[str, Any]:
+    argv = [name, "--quick", "--workers", "1", "--out", str(tmp), "observers=[]"]
+    assert command.reproduce([*argv, f"mlflow.tracking_uri=sqlite:///{tmp / 'm.db'}", *overrides])
+    return json.loads((tmp / "reproduction.json").read_text())
+
+
+def test_sarathi_asked_about_another_model_computes_its_slos(tmp_path: Path) -> None:
+    if not SHAREGPT4.is_file():
+        pytest.skip("the ShareGPT-4 lengths are not beside the repository (../shared)")
+    data = quick(tmp_path, "sarathi_capacity", f"model.path={LLAMA_8B}")["data"]
+    decode_s = data["decode_iteration_ms"] / 1000
+    assert not data["paper_setup"]
+    assert data["slos"]["strict"]["tbt_p99_s"] == pytest.approx(5 * decode_s)
+    assert data["slos"]["relaxed"]["tbt_p99_s"] == pytest.approx(25 * decode_s)
+    assert data["slos"]["strict"]["tbt_p99_s"] != SLOS[0].tbt_p99_s
+    assert data["kv_blocks"] == kv_blocks(LLAMA_8B, "a100-80gb-pcie")
+    cells = json.loads((tmp_path / "reproduction.json").read_text())["cells"]
+    ratio = next(c for c in cells if c["name"].startswith("strict SLO: Sarathi-Serve / vLLM"))
+    assert ratio["published"] is None and ratio["deviation"] is None
+    assert ratio["published_for"] == "Mistral-7B on one A100 80GB PCIe: 2.6 x"
+    md = (tmp_path / "reproduction.md").read_text()
+    assert "not published for this set-up" in md and "## The SLOs, for the model" in md
+
+
+@pytest.mark.parametrize("module", [vllm_batching, distserve_toy, sarathi_capacity])
+def test_each_reproduction_knows_its_papers_set_up(module: Any) -> None:
+    """On its own base config a reproduction is on the paper's set-up (its cells keep their
+    targets); another GPU or parallelism moves it off, naming the key."""
+    base = getattr(module, "BASE", None) or module.MACHINE
+    assert module.PAPER.differences(compose_cfg(list(base))) == []
+    other = compose_cfg([*base, "executor.hardware=h100-sxm", "executor.tensor_parallel=2"])
+    moved = module.PAPER.differences(other)
+    assert [d.split("=")[0] for d in moved] == ["executor.hardware", "executor.tensor_parallel"]
