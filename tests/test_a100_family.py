@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -128,18 +129,22 @@ def test_a_refit_of_the_a100_table_writes_the_kernels_and_keeps_a_carried_interc
 # ---- the interconnects ---------------------------------------------------------------------
 
 
-def test_an_a100_interconnect_is_the_h100_form_at_its_links_bandwidth() -> None:
-    """NVLink 3 (300 GB/s each way) at the share of NVLink 4 (450) the H100 DGX table reaches,
-    with the H100's latencies; the PCIe pair at the H100 NVL pairs' share of the same bridge."""
+def test_the_a100_dgx_is_fitted_on_its_own_rows_and_the_pcie_pair_carries_the_h100_form() -> None:
+    """The DGX A100 (80GB and 40GB: the same NVLink 3 and NVSwitch) is priced by its own
+    table's fit; the PCIe pair, which has no table to fit, at the H100 NVL pairs' share of the
+    same bridge (300 GB/s each way), with the H100's latency."""
     links = shipped_links()
     assert links["nvlink3"].bandwidth == 300e9 and links["nvlink"].bandwidth == 450e9
     assert links["nvlink_bridge"].bandwidth == 300e9
     h100, sxm, pcie = spec("h100-sxm"), spec("a100-80gb"), spec("a100-80gb-pcie")
-    dgx = h100.interconnects["dgx"]
-    for n in (2, 4, 8):
-        carried = sxm.interconnects["dgx"]
-        assert carried.latency_s[n] == dgx.latency_s[n]
-        assert carried.bus_bandwidth[n] == pytest.approx(dgx.bus_bandwidth[n] * 300 / 450)
+    fitted = gpu_fit.fit_all_reduce(read_collective_table(A100_DGX))
+    for hw in (sxm, spec("a100-40gb")):
+        dgx = hw.interconnects["dgx"]
+        for n in (2, 4, 8):
+            assert dgx.latency_s[n] == pytest.approx(fitted.latency_s[n], rel=1e-4)
+            assert dgx.bus_bandwidth[n] == pytest.approx(fitted.bus_bandwidth[n], rel=1e-4)
+            # about half of NVLink 3's bandwidth, where the H100 DGX reaches 0.72-0.80 of NVLink 4
+            assert 0.5 < dgx.bus_bandwidth[n] / 300e9 < 0.6
     pair = pcie.interconnects["nvlink_pair"]
     assert pair.workers == (2,)
     assert pair.bus_bandwidth[2] == h100.interconnects["nvlink_pair"].bus_bandwidth[2]
@@ -157,8 +162,8 @@ def test_tensor_parallel_2_on_an_a100_prices_two_all_reduces_a_layer() -> None:
     e = two.estimate(prefill(512))
     gather = link.seconds(128256 * 2 / 2, 2)
     assert e.ops["all_reduce"] == pytest.approx(32 * 2 * link.seconds(512 * 4096 * 2, 2) + gather)
-    # 4 MB a message: about 19 us at NVLink 3's carried 217 GB/s, plus 26 us
-    assert 40e-6 < link.seconds(512 * 4096 * 2, 2) < 50e-6
+    # 4 MB a message: about 25 us at the A100 DGX's fitted 170 GB/s, plus 44 us
+    assert 60e-6 < link.seconds(512 * 4096 * 2, 2) < 75e-6
     assert two.estimate(prefill(512)).forward_s < p.estimate(prefill(512)).forward_s
 
 
@@ -183,26 +188,31 @@ def test_the_a100_dgx_table_mixes_rows_across_nodes_with_rows_within_one() -> No
 
 
 def test_nvlink_pricing_against_the_a100_tables() -> None:
-    """The carried forms, on tables they were not fitted on. The PCIe pairs (Azure
-    NC96ads_A100_v4) meet the all-reduce target (MAPE <= 15% from 1 MB). The DGX misses it:
-    NVLink 3 at the H100's share of NVLink 4 prices the A100 DGX's all-reduce 1.3-1.6x faster
-    than measured (MAPE 28-34%); pinned so that a change that moves it is seen."""
+    """Both A100 tables within the all-reduce target (MAPE <= 15% from 1 MB): the PCIe pairs
+    (Azure NC96ads_A100_v4) priced in the H100 NVL pairs' form, which was not fitted on them;
+    the DGX on its own fit. Held apart: fitted on every other message size, the DGX form
+    reads the sizes it did not see within the target too."""
     pairs = gpu_check.check_collective(A100_PAIRS, spec("a100-80gb-pcie"), "nvlink_pair")
     assert pairs["collective"]["mape"] <= 0.15, pairs["collective"]
     assert pairs["unfitted_workers"] == [4]  # two pairs across PCIe: not a bridged pair
     dgx = gpu_check.check_collective(A100_DGX, spec("a100-80gb"), "dgx")
+    assert dgx["collective"]["mape"] <= 0.15, dgx["collective"]
     for n, stats in dgx["by_workers"].items():
-        assert 0.25 < stats["mape"] < 0.36, (n, stats)
+        assert stats["mape"] <= 0.15, (n, stats)
     table = read_collective_table(A100_DGX)
-    link = spec("a100-80gb").interconnects["dgx"]
-    large = table.nbytes >= 1e6
-    ratio = (
-        np.array(
-            [link.seconds(b, int(n)) for b, n in zip(table.nbytes, table.workers, strict=True)]
-        )[large]
-        / table.seconds[large]
+    sizes = np.unique(table.nbytes[table.nbytes >= gpu_fit.MIN_COLLECTIVE_BYTES])
+    seen = np.isin(table.nbytes, sizes[::2])
+    half = replace(table, **{k: getattr(table, k)[seen] for k in ("workers", "nbytes", "seconds")})
+    form = gpu_fit.fit_all_reduce(half)
+    unseen = ~seen & (table.nbytes >= gpu_fit.MIN_COLLECTIVE_BYTES)
+    predicted = np.array(
+        [
+            form.latency_s[int(n)] + 2 * (n - 1) / n * b / form.bus_bandwidth[int(n)]
+            for b, n in zip(table.nbytes[unseen], table.workers[unseen], strict=True)
+        ]
     )
-    assert 0.6 < np.median(ratio) < 0.8 and np.quantile(ratio, 0.95) < 1.0  # faster
+    assert unseen.sum() > 1000
+    assert np.mean(np.abs(predicted / table.seconds[unseen] - 1)) <= 0.15
 
 
 def test_a_bridged_pair_refuses_tensor_parallel_4_in_one_line() -> None:
@@ -216,12 +226,13 @@ def test_a_bridged_pair_refuses_tensor_parallel_4_in_one_line() -> None:
 
 
 def test_a_spec_cannot_both_fit_and_carry_one_interconnect(tmp_path: Path) -> None:
-    text = (HARDWARE_DIR / "a100-80gb.yaml").read_text()
+    text = (HARDWARE_DIR / "a100-80gb-pcie.yaml").read_text()  # its nvlink_pair is carried
     bad = tmp_path / "both.yaml"
     bad.write_text(
-        text + "interconnects:\n  dgx:\n    2: {latency_s: 1.0e-5, bus_bandwidth: 1.0e+11}\n"
+        text
+        + "interconnects:\n  nvlink_pair:\n    2: {latency_s: 1.0e-5, bus_bandwidth: 1.0e+11}\n"
     )
-    with pytest.raises(ProfileError, match="dgx is fitted below the marker as well"):
+    with pytest.raises(ProfileError, match="nvlink_pair is fitted below the marker as well"):
         load_hardware_spec(bad)
 
 
