@@ -7,7 +7,7 @@ rows. Also the order of a sweep's job folders, which both tables follow.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,26 @@ def cell(v: Any) -> str:
     return str(v)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, Any] | Sequence[Any]], cols: Sequence[str]) -> str:
+    """A Markdown pipe table under the headers `cols`, each value through `cell`.
+
+    A row is a mapping read by the column names, or a sequence of values in column order.
+    The second serves the tables whose headers are prose ("capacity (req/s)") and whose cells
+    are formatted to their own precision beforehand (a string passes `cell` unchanged), so a
+    reproduction's report and a sweep's table come out in one format."""
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(v) for v in _row_values(r, cols)) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def _row_values(row: Mapping[str, Any] | Sequence[Any], cols: Sequence[str]) -> list[Any]:
+    """A row's values in column order; a sequence of the wrong length is an error, not a
+    shifted table."""
+    if isinstance(row, Mapping):
+        return [row.get(c) for c in cols]
+    if isinstance(row, str) or len(row) != len(cols):
+        raise ValueError(f"a table row needs {len(cols)} values, one per column: {row!r}")
+    return list(row)
 
 
 def write_csv(rows: Sequence[dict[str, Any]], cols: Sequence[str], path: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from framework.studies.reproductions.cells import Assumption
 from framework.studies.reproductions.distserve_costs import SOURCE, decode_ms, prefill_ms
+from framework.tracking.tables import markdown_table
 
 PROMPT, OUTPUT = 512, 64
 TTFT_S, TPOT_S = 0.4, 0.04
@@ -22,6 +23,18 @@ ROWS = (
     ("p2d1_per_gpu", "2P1D goodput per GPU, searched"),
     ("p2d1_computed", "2P1D goodput per GPU, min(2p, d) / 3"),
     ("ratio", "2P1D / colocated per GPU"),
+)
+# The layouts the set-up's table describes: name, GPUs, what it is.
+LAYOUTS = (
+    ("colocated", "1", "one engine serving requests whole"),
+    ("prefill-only", "1", "the same engine on requests of one output token: it only prefills"),
+    (
+        "decode-only",
+        "n + 1",
+        "`cluster.roles=[prefill x n, decode]`; n = ceil(rate / (0.75 x the prefill-only rate)) "
+        "at each probed rate, so that the decode GPU gets the whole offered load",
+    ),
+    ("2P1D", "3", "`cluster.roles=[prefill,prefill,decode]`, `router=least_outstanding`"),
 )
 
 
@@ -39,13 +52,7 @@ def setup(quick: bool, size: dict[str, Any]) -> str:
         f"(`workload=synthetic`, fixed lengths), Poisson arrivals, {size['requests']} requests "
         "a run. vLLM's scheduler of the time on every GPU (`scheduler=prefill_first`), 256 "
         "sequences and 2,048 tokens a step at most, a 45 GiB KV pool per GPU.\n\n"
-        "| layout | GPUs | what it is |\n| --- | --- | --- |\n"
-        "| colocated | 1 | one engine serving requests whole |\n"
-        "| prefill-only | 1 | the same engine on requests of one output token: it only prefills |\n"
-        "| decode-only | n + 1 | `cluster.roles=[prefill x n, decode]`; n = ceil(rate / (0.75 x "
-        "the prefill-only rate)) at each probed rate, so that the decode GPU gets the whole "
-        "offered load |\n"
-        "| 2P1D | 3 | `cluster.roles=[prefill,prefill,decode]`, `router=least_outstanding` |\n\n"
+        f"{markdown_table(LAYOUTS, ['layout', 'GPUs', 'what it is'])}\n\n"
         "KV moves from prefill to decode GPUs over NVLink 3 (`cluster.link=nvlink3`: 300 GB/s "
         "each way a GPU, 2 us; one request's 512 tokens of KV, 420 MB, take 1.4 ms). Each "
         f"layout is run at the rates {grid} req/s, then each capacity search starts from the "
@@ -58,18 +65,15 @@ def setup(quick: bool, size: dict[str, Any]) -> str:
 
 def forms_section(analytic: dict[str, Any]) -> str:
     s = analytic["searches"]
-    lines = [
-        "| layout | SLO | rate (req/s) | per GPU | search | bracket (req/s) | probes |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     gpus = {"colocated": 1, "prefill-only": 1, "decode-only": 1, "2P1D": 3}
     for found in s.values():
         n = gpus[found["layout"]]
         per = found["rate"] / n if found["rate"] is not None else None
-        lines.append(
-            f"| {found['layout']} | `{found['slo']}` | {_f(found['rate'])} | {_f(per)} | "
-            f"{found['status']} | {_f(found['low'])} - {_f(found['high'])} | {found['probes']} |"
-        )
+        bracket = f"{_f(found['low'])} - {_f(found['high'])}"
+        slo, rate, status = f"`{found['slo']}`", _f(found["rate"]), str(found["status"])
+        rows.append([found["layout"], slo, rate, _f(per), status, bracket, str(found["probes"])])
+    cols = ["layout", "SLO", "rate (req/s)", "per GPU", "search", "bracket (req/s)", "probes"]
     r = analytic["rates"]
     same = (r["colocated_attainment"], r["p2d1_attainment_per_gpu"]) == (
         r["colocated_goodput"],
@@ -79,7 +83,7 @@ def forms_section(analytic: dict[str, Any]) -> str:
         "Every search, on the simulated executor (decode-only: the rate the decode GPU meets "
         "the TPOT target at, its prefill GPUs not counted):",
         "",
-        *lines,
+        markdown_table(rows, cols),
         "",
         "**Which form.** The cells use the percentile form (P90 TTFT <= 0.4 s and P90 TPOT <= "
         "0.04 s, each over the finished requests): the blog states its toy's SLO that way, "
@@ -183,13 +187,22 @@ def step_costs(analytic: dict[str, Any], published: dict[str, float]) -> dict[st
 def costs_section(analytic: dict[str, Any], published: dict[str, float]) -> str:
     c = step_costs(analytic, published)
     fits_p, fits_d = c["prefill_fits_ms"], c["decode_fits_ms"]
-    lines = [
-        "| step | simulated (analytic, A100-80GB) | DistServe's fit of its engine | vLLM's, "
-        "as DistServe fitted it | what the published rate implies |",
-        "| --- | --- | --- | --- | --- |",
-        f"| one 512-token prefill | {_f(c['prefill_ms'])} ms | {fits_p['distserve']:.3g} ms | "
-        f"{fits_p['vllm']:.3g} ms | {c['prefill_implied_ms']:.3g} ms (prefill-only "
-        f"{published['prefill_only']:g} req/s at P90 TTFT 0.4 s, one prompt at a time) |",
+    cols = [
+        "step",
+        "simulated (analytic, A100-80GB)",
+        "DistServe's fit of its engine",
+        "vLLM's, as DistServe fitted it",
+        "what the published rate implies",
+    ]
+    rows = [
+        [
+            "one 512-token prefill",
+            f"{_f(c['prefill_ms'])} ms",
+            f"{fits_p['distserve']:.3g} ms",
+            f"{fits_p['vllm']:.3g} ms",
+            f"{c['prefill_implied_ms']:.3g} ms (prefill-only {published['prefill_only']:g} "
+            "req/s at P90 TTFT 0.4 s, one prompt at a time)",
+        ]
     ]
     text = (
         "A GPU's rate within a latency target is set by what its steps cost. The simulated "
@@ -203,15 +216,22 @@ def costs_section(analytic: dict[str, Any], published: dict[str, float]) -> str:
         "Lindley recursion; the decode step: 0.04 s at the rows in flight by Little's law):"
     )
     if c["decode_ms"] is None or c["prefill_ms"] is None:
-        return text + "\n\n" + "\n".join(lines)
-    lines.append(
-        f"| a decode step of {c['decode_rows']:.3g} rows | {c['decode_ms']:.3g} ms | "
-        f"{fits_d['distserve']:.3g} ms | {fits_d['vllm']:.3g} ms | "
-        f"{c['decode_implied_ms']:.3g} ms at about {c['decode_implied_rows']:.3g} rows "
-        f"(decode-only {published['decode_only']:g} req/s) |"
+        return text + "\n\n" + markdown_table(rows, cols)
+    rows.append(
+        [
+            f"a decode step of {c['decode_rows']:.3g} rows",
+            f"{c['decode_ms']:.3g} ms",
+            f"{fits_d['distserve']:.3g} ms",
+            f"{fits_d['vllm']:.3g} ms",
+            f"{c['decode_implied_ms']:.3g} ms at about {c['decode_implied_rows']:.3g} rows "
+            f"(decode-only {published['decode_only']:g} req/s)",
+        ]
     )
     return (
-        text + "\n\n" + "\n".join(lines) + "\n\nThe analytic model prices a 512-token prefill at "
+        text
+        + "\n\n"
+        + markdown_table(rows, cols)
+        + "\n\nThe analytic model prices a 512-token prefill at "
         f"{c['prefill_ms'] / fits_p['distserve']:.2f}x and this decode step at "
         f"{c['decode_ms'] / fits_d['distserve']:.2f}x DistServe's fit of its own engine "
         f"({c['prefill_ms'] / fits_p['vllm']:.2f}x and {c['decode_ms'] / fits_d['vllm']:.2f}x "
@@ -246,11 +266,11 @@ def shape_section(
     def ratio(r: dict[str, Any], a: str, b: str) -> float | None:
         return r[a] / r[b] if r.get(a) and r.get(b) else None
 
-    head = "| ratio | published | " + " | ".join(n for n, _ in columns) + " |"
-    lines = [head, "| --- |" + " --- |" * (len(columns) + 1)]
-    for label, a, b in SHAPE:
-        cells = " | ".join(_f(ratio(r, a, b)) for _, r in columns)
-        lines.append(f"| {label} | {published[a] / published[b]:.3g} | {cells} |")
+    rows = [
+        [label, f"{published[a] / published[b]:.3g}", *(_f(ratio(r, a, b)) for _, r in columns)]
+        for label, a, b in SHAPE
+    ]
+    cols = ["ratio", "published", *(n for n, _ in columns)]
     r = analytic["rates"]
     two_p = 2 * r["prefill_only"] if r.get("prefill_only") else None
     binds = (
@@ -261,7 +281,7 @@ def shape_section(
     return (
         "Ratios of the rates, less sensitive than the rates themselves to how fast a step "
         "is, published and simulated:\n\n"
-        + "\n".join(lines)
+        + markdown_table(rows, cols)
         + f"\n\nOn the analytic model 2P1D is bound by {binds} (2 x prefill-only "
         f"{_f(two_p)} req/s, decode-only {_f(r.get('decode_only'))} req/s); the blog's by "
         "the decode GPU (2 x 5.6 = 11.2 against 10). "
@@ -288,14 +308,13 @@ def diagnosis_section(
     a, p = analytic["rates"], profiled["rates"]
     one = profiled["one_engine"]["rates"]
     pub = {**published, "p2d1_computed": published["p2d1_per_gpu"]}
-    lines = [
-        "| cell | published | analytic | DistServe's fits, as its simulator compares | "
-        "DistServe's own fit on the colocated GPU too |",
-        "| --- | --- | --- | --- | --- |",
-        *(
-            f"| {label} | {pub[k]:g} | {_f(a.get(k))} | {_f(p.get(k))} | {_f(one.get(k))} |"
-            for k, label in ROWS
-        ),
+    rows = [[label, f"{pub[k]:g}", *(_f(r.get(k)) for r in (a, p, one))] for k, label in ROWS]
+    cols = [
+        "cell",
+        "published",
+        "analytic",
+        "DistServe's fits, as its simulator compares",
+        "DistServe's own fit on the colocated GPU too",
     ]
     rates = [k for k, _ in ROWS if k != "ratio"]
     off = {
@@ -309,7 +328,7 @@ def diagnosis_section(
         "the prefill and decode GPUs by its fit of its own engine), then with the colocated "
         "GPU on DistServe's own fit too, one engine for both layouts. Nothing else changes: "
         "the engine, its scheduler, the cluster and the searches are the same.\n\n"
-        + "\n".join(lines)
+        + markdown_table(rows, cols)
         + f"\n\nOn the analytic model the rates are {off['analytic']} the published ones; on "
         f"DistServe's own fits, {off['fits']}: "
         + (

@@ -52,45 +52,38 @@ def curve_section(series: dict[str, dict[str, Any]]) -> str:
         "offline LRU replay %",
         "run",
     ]
-    rows = []
+    rows: list[list[Any]] = []
     for trace, s in series.items():
         for p in s["curve"]:
+            share = p["share_of_unbounded"]
             rows.append(
-                dict(
-                    zip(
-                        cols,
-                        [
-                            trace,
-                            f"{p['capacity_tokens']:.0e}",
-                            p["pool_blocks"],
-                            round(p["hit_rate"], 2),
-                            None
-                            if p["share_of_unbounded"] is None
-                            else round(p["share_of_unbounded"], 1),
-                            round(p["served_share"], 1),
-                            p["rejected"],
-                            p["evictions"],
-                            round(p["replay_lru"], 2),
-                            "its own" if p["run"] == "own" else "the unbounded one",
-                        ],
-                        strict=True,
-                    )
-                )
+                [
+                    trace,
+                    f"{p['capacity_tokens']:.0e}",
+                    p["pool_blocks"],
+                    round(p["hit_rate"], 2),
+                    None if share is None else round(share, 1),
+                    round(p["served_share"], 1),
+                    p["rejected"],
+                    p["evictions"],
+                    round(p["replay_lru"], 2),
+                    "its own" if p["run"] == "own" else "the unbounded one",
+                ]
             )
         u = s["unbounded"]
         rows.append(
-            {
-                "trace": trace,
-                "capacity tokens": "unbounded",
-                "pool blocks": u["pool_blocks"],
-                "hit %": round(u["hit_rate"], 2),
-                "% of unbounded": 100.0,
-                "served %": 100.0 if not u["rejected"] else None,
-                "rejected": u["rejected"],
-                "evictions": u["evictions"],
-                "offline LRU replay %": round(s["replay"]["published_rule"], 2),
-                "run": "its own",
-            }
+            [
+                trace,
+                "unbounded",
+                u["pool_blocks"],
+                round(u["hit_rate"], 2),
+                100.0,
+                100.0 if not u["rejected"] else None,
+                u["rejected"],
+                u["evictions"],
+                round(s["replay"]["published_rule"], 2),
+                "its own",
+            ]
         )
     return (
         "Each capacity is the engine's whole KV pool, one request at a time: at each lookup "

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from framework.studies.reproductions.cells import Assumption
+from framework.tracking.tables import markdown_table
 
 SOURCE = "artifact `microsoft/sarathi-serve`, branch `osdi-sarathi-serve`"
 
@@ -19,6 +20,24 @@ def _f(x: float | None, digits: int = 3) -> str:
 def setup(quick: bool, size: dict[str, Any], blocks: int, slos: Sequence[Any]) -> str:
     form = "Quick form: " if quick else ""
     budgets = ", ".join(f"{s.chunk} tokens under the {s.name} SLO" for s in slos)
+    rows = [
+        [
+            "vLLM",
+            "`scheduler=prefill_first allocator=incremental allocator.watermark=0.01 "
+            "engine.max_num_seqs=128 engine.max_num_batched_tokens=8192`",
+        ],
+        [
+            "Orca",
+            "`scheduler=continuous allocator=worst_case allocator.reserve=max "
+            "engine.max_num_seqs=16 engine.max_num_batched_tokens=131072`",
+        ],
+        [
+            "Sarathi-Serve",
+            "`scheduler=chunked scheduler.chunk_size=C allocator=incremental "
+            "allocator.watermark=0.01 engine.max_num_seqs=128 engine.max_num_batched_tokens=C`, "
+            f"C = {budgets}",
+        ],
+    ]
     return (
         f"{form}Mistral-7B's shape (`framework/executors/simulated/models/mistral-7b`, fp16, "
         "its 4,096-token sliding window priced by the analytic model) on one A100-80GB PCIe "
@@ -28,14 +47,7 @@ def setup(quick: bool, size: dict[str, Any], blocks: int, slos: Sequence[Any]) -
         "weights), max sequence length 8,192. Requests: the first "
         f"{size['requests']:,} of `sharegpt4_8k_lengths.csv` shuffled with seed 42, Poisson "
         "arrivals.\n\n"
-        "| system | nanoserve settings |\n| --- | --- |\n"
-        "| vLLM | `scheduler=prefill_first allocator=incremental allocator.watermark=0.01 "
-        "engine.max_num_seqs=128 engine.max_num_batched_tokens=8192` |\n"
-        "| Orca | `scheduler=continuous allocator=worst_case allocator.reserve=max "
-        "engine.max_num_seqs=16 engine.max_num_batched_tokens=131072` |\n"
-        "| Sarathi-Serve | `scheduler=chunked scheduler.chunk_size=C allocator=incremental "
-        "allocator.watermark=0.01 engine.max_num_seqs=128 engine.max_num_batched_tokens=C`, "
-        f"C = {budgets} |\n\n"
+        f"{markdown_table(rows, ['system', 'nanoserve settings'])}\n\n"
         "Capacity: the highest rate with median scheduling delay <= 2 s and P99 TBT <= the "
         f"SLO, by `find_capacity` from {size['low']:g} req/s (doubling to a bracket, then "
         f"bisecting to {100 * size['tolerance']:g}%), at most {size['probes']} probes a "
@@ -46,11 +58,7 @@ def setup(quick: bool, size: dict[str, Any], blocks: int, slos: Sequence[Any]) -
 
 
 def capacity_section(capacity: dict[str, dict[str, Any]], slos: Sequence[Any]) -> str:
-    lines = [
-        "| SLO | system | capacity (req/s) | search | P50 delay at capacity (s) | P99 TBT at "
-        "capacity (s) | KV blocks used at capacity | first rate missed | what it missed |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for slo in slos:
         for system, found in capacity[slo.name].items():
             met = _probe_at(found, found["rate"])
@@ -60,12 +68,21 @@ def capacity_section(capacity: dict[str, dict[str, Any]], slos: Sequence[Any]) -
                 if met and met.get("peak_blocks") is not None
                 else "-"
             )
-            lines.append(
-                f"| {slo.name} | {system} | {_f(found['rate'])} | {found['status']} | "
-                f"{_f(met and met['scheduling_delay_p50_s'])} | "
-                f"{_f(met and met['tbt_p99_s'])} | {used} | {_f(found['high'])} | "
-                f"{', '.join(missed['missed']) if missed else '-'} |"
-            )
+            delay, tbt = (_f(met and met[k]) for k in ("scheduling_delay_p50_s", "tbt_p99_s"))
+            why = ", ".join(missed["missed"]) if missed else "-"
+            rate, status, high = _f(found["rate"]), str(found["status"]), _f(found["high"])
+            rows.append([slo.name, system, rate, status, delay, tbt, used, high, why])
+    cols = [
+        "SLO",
+        "system",
+        "capacity (req/s)",
+        "search",
+        "P50 delay at capacity (s)",
+        "P99 TBT at capacity (s)",
+        "KV blocks used at capacity",
+        "first rate missed",
+        "what it missed",
+    ]
     probes = []
     for slo in slos:
         for system, found in capacity[slo.name].items():
@@ -79,7 +96,9 @@ def capacity_section(capacity: dict[str, dict[str, Any]], slos: Sequence[Any]) -
         "Each search's capacity, the probe that set it, and the lowest rate probed that missed "
         "the SLO with the condition it missed: the P99 TBT bound is a stall limit (a prefill "
         "run beside or instead of the decodes), the delay bound a throughput limit (the queue "
-        "grows).\n\n" + "\n".join(lines) + "\n\nEvery probe, in order: rate (req/s) met or "
+        "grows).\n\n"
+        + markdown_table(rows, cols)
+        + "\n\nEvery probe, in order: rate (req/s) met or "
         "missed (P50 scheduling delay, P99 TBT):\n\n" + "\n".join(probes)
     )
 
@@ -91,17 +110,13 @@ def _probe_at(found: dict[str, Any], rate: float | None) -> dict[str, Any] | Non
 
 
 def same_rate_section(same: dict[str, Any]) -> str:
-    lines = [
-        "| system | P99 TBT (s) | P50 TBT (s) | P50 scheduling delay (s) | P50 TTFT (s) | "
-        "mean batch | finished |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+    keys = ("tbt_p99_s", "tbt_p50_s", "scheduling_delay_p50_s", "ttft_p50_s", "mean_rows")
+    rows = [
+        [name, *(_f(m[k]) for k in keys), str(m["requests_finished"])]
+        for name, m in same["systems"].items()
     ]
-    for name, m in same["systems"].items():
-        lines.append(
-            f"| {name} | {_f(m['tbt_p99_s'])} | {_f(m['tbt_p50_s'])} | "
-            f"{_f(m['scheduling_delay_p50_s'])} | {_f(m['ttft_p50_s'])} | "
-            f"{_f(m['mean_rows'])} | {m['requests_finished']} |"
-        )
+    cols = ["system", "P99 TBT (s)", "P50 TBT (s)", "P50 scheduling delay (s)", "P50 TTFT (s)"]
+    cols += ["mean batch", "finished"]
     return (
         f"Every system at {same['rate']:g} req/s (the scheduling delays say whether a queue "
         "formed): the median gap between tokens is a decode step everywhere, and the P99 is "
@@ -110,7 +125,7 @@ def same_rate_section(same: dict[str, Any]) -> str:
         "a chunk of it beside the decodes, so its P99 is a step of one full budget. A stall "
         "sets the P99 only where stalled gaps are more than 1% of all gaps: at light load or "
         "over few requests vLLM's P99 is a plain decode step, below Sarathi-Serve's budget "
-        "step.\n\n" + "\n".join(lines)
+        "step.\n\n" + markdown_table(rows, cols)
     )
 
 

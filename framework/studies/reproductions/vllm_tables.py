@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from framework.studies.reproductions.cells import Assumption
+from framework.tracking.tables import markdown_table
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -13,20 +14,18 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 
 def setup(quick: bool, wls: dict[str, dict[str, Any]], size: dict[str, int]) -> str:
-    rows = "\n".join(
-        f"| {w['title']} | {w['requests']} | {w['rate']:g} | {w['means'][0]:.1f} | "
-        f"{w['means'][1]:.1f} |"
+    rows = [
+        [w["title"], str(w["requests"]), f"{w['rate']:g}", *(f"{x:.1f}" for x in w["means"][:2])]
         for w in wls.values()
-    )
+    ]
+    cols = ["workload", "requests", "rate (req/s)", "mean prompt", "mean output"]
     form = "quick form: " if quick else ""
     return (
         f"{form}OPT-13B's shape (`framework/executors/simulated/models/opt-13b`, fp16) on one "
         "A100-40GB (`executor.hardware=a100-40gb`, the analytic profile, the profile's own host "
         "seconds), a 12 GB KV pool (`engine.kv_memory_mb=12288`: 15,728 token slots of 800 KB, "
         "Table 1's 15.7K), 256 sequences and 2,560 tokens a step at most. Poisson arrivals.\n\n"
-        "| workload | requests | rate (req/s) | mean prompt | mean output |\n"
-        "| --- | --- | --- | --- | --- |\n"
-        f"{rows}\n\n"
+        f"{markdown_table(rows, cols)}\n\n"
         f"Sustainable rates: capacity searches over {size['capacity']} ShareGPT requests per "
         f"probe, at most {size['probes']} probes a search. Config: `BASE` and `SYSTEMS` in "
         "`framework/studies/reproductions/vllm_batching.py`; the user's overrides are added to "
@@ -40,20 +39,14 @@ def batch_section(
     fig13: dict[str, dict[str, float]],
 ) -> str:
     systems = list(next(iter(table.values())))
-    head = "| workload | " + " | ".join(systems) + " |\n| --- |" + " --- |" * len(systems)
-    lines = [head]
-    for trace in ("sharegpt", "alpaca"):
-        lines.append(
-            f"| published, {trace} | "
-            + " | ".join(f"{fig13[trace][s]:.2f}" for s in systems)
-            + " |"
-        )
-    for key, runs in table.items():
-        lines.append(
-            f"| {wls[key]['title']} | "
-            + " | ".join(_f(runs[s]["mean_batched"]) for s in systems)
-            + " |"
-        )
+    rows = [
+        [f"published, {trace}", *(f"{fig13[trace][s]:.2f}" for s in systems)]
+        for trace in ("sharegpt", "alpaca")
+    ]
+    rows += [
+        [wls[key]["title"], *(_f(runs[s]["mean_batched"]) for s in systems)]
+        for key, runs in table.items()
+    ]
     lat = "\n".join(
         f"- {wls[key]['title']}: normalized latency "
         + ", ".join(f"{s} {_f(runs[s].get('normalized_latency_s'), 3)}" for s in systems)
@@ -62,7 +55,7 @@ def batch_section(
     )
     return (
         "Mean requests in a step's batch (`mean_batched`), every variant run:\n\n"
-        + "\n".join(lines)
+        + markdown_table(rows, ["workload", *systems])
         + "\n\nA batch is the requests in the system at once, so at a rate the system sustains "
         "it is the rate times the time a request stays (Little's law): the latencies below "
         "set it. Where a system cannot sustain the rate, its queue grows and its batch is "
@@ -72,45 +65,39 @@ def batch_section(
 
 def memory_section(runs: dict[str, dict[str, Any]], fig2: dict[str, float]) -> str:
     keys = ("states", "reserved", "internal", "external", "free")
-    lines = [
-        "| system | " + " | ".join(keys) + " | token states / not free | Fig. 2 |",
-        "| --- |" + " --- |" * (len(keys) + 2),
-    ]
+    rows = []
     for system, m in runs.items():
         held = 1 - m["kv_share_free"]
         share = 100 * m["kv_share_states"] / held if held > 0 else 0.0
-        lines.append(
-            f"| {system} | "
-            + " | ".join(f"{100 * m[f'kv_share_{k}']:.1f}%" for k in keys)
-            + f" | {share:.1f}% | {fig2[system]:.1f}% |"
-        )
+        shares = [100 * m[f"kv_share_{k}"] for k in keys]
+        rows.append([system, *(f"{x:.1f}%" for x in [*shares, share, fig2[system]])])
+    cols = ["system", *keys, "token states / not free", "Fig. 2"]
     return (
         "The KV pool over the ShareGPT run, time-averaged (`kv_share_*` of metrics.json): "
         "token states; reserved for tokens not yet generated; internal fragmentation "
         "(reserved past the request's length); external fragmentation (free, outside the "
-        "largest extent that could be placed); free.\n\n" + "\n".join(lines)
+        "largest extent that could be placed); free.\n\n" + markdown_table(rows, cols)
     )
 
 
 def capacity_section(
     capacity: dict[str, Any], bounds: tuple[float, ...], fig12: dict[str, tuple[float, float]]
 ) -> str:
-    lines = ["| system | bound (s/token) | sustainable rate (req/s) | search | probes |"]
-    lines.append("| --- | --- | --- | --- | --- |")
+    rows = []
     for system, by_bound in capacity.items():
         for bound, found in by_bound.items():
             probes = ", ".join(
                 f"{p['rate']:.3g}: {_f(p['normalized_latency_s'], 3)}" for p in found["probes"]
             )
-            lines.append(
-                f"| {system} | {bound} | {_f(found['rate'], 3)} | {found['status']} | {probes} |"
-            )
+            rows.append([system, str(bound), _f(found["rate"], 3), str(found["status"]), probes])
+    cols = ["system", "bound (s/token)", "sustainable rate (req/s)", "search", "probes"]
     published = "; ".join(f"vLLM / {s}: {lo:g}x-{hi:g}x" for s, (lo, hi) in fig12.items())
     return (
         "Sustainable: the highest Poisson rate at which the mean normalized latency over the "
         "run stays at or under the bound (the curve's knee in Fig. 12: past it a finite "
         "trace's latency grows with its length). Published, on ShareGPT across OPT-13B, "
-        f"66B and 175B: {published}. Each probe: rate: normalized latency.\n\n" + "\n".join(lines)
+        f"66B and 175B: {published}. Each probe: rate: normalized latency.\n\n"
+        + markdown_table(rows, cols)
     )
 
 
