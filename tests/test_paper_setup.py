@@ -18,6 +18,7 @@ from framework.run.paths import ROOT
 from framework.studies.reproductions import (
     command,
     distserve_toy,
+    mooncake_cache,
     sarathi_capacity,
     vllm_batching,
 )
@@ -73,12 +74,31 @@ def test_sarathi_asked_about_another_model_computes_its_slos(tmp_path: Path) -> 
     assert "not published for this set-up" in md and "## The SLOs, for the model" in md
 
 
-@pytest.mark.parametrize("module", [vllm_batching, distserve_toy, sarathi_capacity])
+def test_the_kv_memory_follows_the_model_and_gpu_in_vllms_rule(tmp_path: Path) -> None:
+    """Table 1's 12 GB on the paper's set-up; elsewhere the GPU's memory less the model's fp16
+    weights and the rest Table 1 leaves, so more weights leave less, a larger GPU more."""
+    paper = vllm_batching.kv_memory_mb()
+    assert paper == vllm_batching.PAPER_KV_MB
+    assert vllm_batching.kv_memory_mb(LLAMA_8B) > paper  # 16 GB of weights against 25.7
+    assert vllm_batching.kv_memory_mb(hardware="a100-80gb") == paper + 40_000_000_000 // 2**20
+    assert vllm_batching.kv_memory_mb(tp=2) > paper
+    deep = json.loads((LLAMA_8B / "config.json").read_text()) | {"num_hidden_layers": 96}
+    (tmp_path / "config.json").write_text(json.dumps(deep))  # about 22B: 44 GB of weights
+    with pytest.raises(ValueError, match="leave no KV memory"):
+        vllm_batching.kv_memory_mb(tmp_path, "a100-40gb")
+    assert vllm_batching.kv_memory_mb(tmp_path, "a100-40gb", tp=2) > 0
+
+
+@pytest.mark.parametrize("module", [vllm_batching, distserve_toy, sarathi_capacity, mooncake_cache])
 def test_each_reproduction_knows_its_papers_set_up(module: Any) -> None:
     """On its own base config a reproduction is on the paper's set-up (its cells keep their
     targets); another GPU or parallelism moves it off, naming the key."""
     base = getattr(module, "BASE", None) or module.MACHINE
     assert module.PAPER.differences(compose_cfg(list(base))) == []
     other = compose_cfg([*base, "executor.hardware=h100-sxm", "executor.tensor_parallel=2"])
-    moved = module.PAPER.differences(other)
-    assert [d.split("=")[0] for d in moved] == ["executor.hardware", "executor.tensor_parallel"]
+    moved = [d.split("=")[0] for d in module.PAPER.differences(other)]
+    if module is mooncake_cache:  # a hit rate: the same on any model or GPU, not another block
+        assert moved == []
+        assert module.PAPER.differences(compose_cfg([*base, "engine.block_size=256"]))
+    else:
+        assert moved == ["executor.hardware", "executor.tensor_parallel"]

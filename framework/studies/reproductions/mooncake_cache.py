@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.engine.loop import RunResult
 from framework.run.errors import UserError, user_input
 from framework.run.paths import ROOT
-from framework.studies.reproductions.cells import Assumption, Cell
+from framework.studies.reproductions.cells import Assumption, Cell, PaperSetup
 from framework.studies.reproductions.hash_replay import lru_share, read_rows, unbounded_share
 from framework.studies.reproductions.jobs import Job, JobOutcome
 from framework.studies.reproductions.mooncake_figure import draw
@@ -58,6 +58,9 @@ TRACES = {
 }
 LLAMA_8B = ROOT / "framework" / "executors" / "simulated" / "models" / "llama-8b"
 
+# A hit rate is a property of the prompts and the block they are hashed in, not of the model or
+# GPU: the paper's ratios hold for any model that caches the traces' 512-token blocks.
+PAPER = PaperSetup("the traces' 512-token blocks", {"engine.block_size": 512})
 # The config of every run; a job adds its trace and pool, the user's overrides come last.
 BASE = (
     "executor=simulated",
@@ -175,6 +178,7 @@ def reproduce(ctx: Context) -> Outcome:
         setup=setup(ctx.quick, caps),
         draw=lambda png: draw(png, series, PUBLISHED_TABLE2, AT_3M, AT_50M),
         config=ctx.config(BASE),
+        paper_setup=PAPER,
         sections=[
             ("The traces' own replay", replay_section(series, TARGET_POINTS)),
             ("What a capacity means", curve_section(series)),

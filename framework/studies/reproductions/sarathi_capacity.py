@@ -35,18 +35,16 @@ a search.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from framework.executors.simulated.gpu.hardware import load_hardware_spec
-from framework.executors.simulated.gpu.model_shape import ModelShape
 from framework.run.paths import ROOT
 from framework.studies.goodput_search import CapacityResult
 from framework.studies.reproductions.cells import Cell, PaperSetup
+from framework.studies.reproductions.gpu_memory import gpu_bytes, shape, weight_bytes
 from framework.studies.reproductions.jobs import Job
 from framework.studies.reproductions.reproduction import Context, Outcome
 from framework.studies.reproductions.sarathi_figure import draw
@@ -158,10 +156,9 @@ def kv_blocks(model: Path = MISTRAL_7B, hardware: str = HARDWARE, tp: int = 1) -
     `gpu_memory_utilization` (0.85) of one GPU's memory less its share of the fp16 weights
     (`profile_num_available_blocks`; the peak activation memory it also subtracts is not
     modelled), each GPU holding its share of every token's K and V."""
-    shape = ModelShape.from_config(json.loads((Path(model) / "config.json").read_text()))
-    capacity = float(load_hardware_spec(hardware)["memory_capacity"])
-    free = MEMORY_UTILIZATION * capacity - WEIGHT_BYTES * shape.total_params / tp
-    blocks = int(free // (BLOCK_SIZE * shape.kv_elements_per_token / tp * WEIGHT_BYTES))
+    free = MEMORY_UTILIZATION * gpu_bytes(hardware) - weight_bytes(model, tp, WEIGHT_BYTES)
+    per_token = shape(model).kv_elements_per_token / tp * WEIGHT_BYTES
+    blocks = int(free // (BLOCK_SIZE * per_token))
     if blocks < 1:
         raise ValueError(
             f"model.path={model}: its fp16 weights leave no KV memory on {hardware} x{tp} "

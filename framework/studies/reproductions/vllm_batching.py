@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from framework.run.paths import ROOT
-from framework.studies.goodput_search import find_capacity
 from framework.studies.reproductions.cells import Cell, PaperSetup
-from framework.studies.reproductions.jobs import Job, JobOutcome
+from framework.studies.reproductions.gpu_memory import gpu_bytes, weight_bytes
+from framework.studies.reproductions.jobs import Job
 from framework.studies.reproductions.reproduction import Context, Outcome
+from framework.studies.reproductions.search import SearchJob
 from framework.studies.reproductions.vllm_figure import draw
 from framework.studies.reproductions.vllm_lengths import (
     drawn_pairs,
@@ -60,7 +61,9 @@ PAPER = PaperSetup(
 )
 # OPT-13B on one A100-40GB with 12 GB of KV cache (Table 1: 15.7K token slots of 800 KB),
 # vLLM 0.1's batch caps (256 sequences, 2,560 tokens a step), on the profile's own host
-# seconds so that every machine simulates the same schedule.
+# seconds so that every machine simulates the same schedule. The KV memory follows the model
+# and GPU asked (`kv_memory_mb`); the base states the paper's.
+PAPER_KV_MB = 12288
 BASE = (
     "executor=simulated",
     "executor.hardware=a100-40gb",
@@ -69,7 +72,7 @@ BASE = (
     "model=hf",
     f"model.path={OPT_13B}",
     "dtype=float16",
-    "engine.kv_memory_mb=12288",
+    f"engine.kv_memory_mb={PAPER_KV_MB}",
     "engine.max_num_seqs=256",
     "engine.max_num_batched_tokens=2560",
     "workload=trace",
@@ -136,8 +139,32 @@ def workloads(ctx: Context, size: dict[str, int]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def kv_memory_mb(model: Path = OPT_13B, hardware: str = "a100-40gb", tp: int = 1) -> int:
+    """One GPU's KV memory for the model and GPU asked, by Table 1's own arithmetic: the GPU's
+    memory less its share of the fp16 weights, less what Table 1 leaves on the paper's
+    set-up for activations and the rest (40 GB - 25.7 GB of OPT-13B - 12 GB of KV: 1.4 GB),
+    held the same. On the paper's set-up: the paper's 12 GB."""
+    rest = gpu_bytes("a100-40gb") - weight_bytes(OPT_13B) - PAPER_KV_MB * 2**20
+    free = gpu_bytes(hardware) - weight_bytes(model, tp) - rest
+    if free < 2**20:
+        raise ValueError(
+            f"model.path={model}: its fp16 weights leave no KV memory on {hardware} x{tp} "
+            "(raise executor.tensor_parallel)"
+        )
+    return int(free // 2**20)
+
+
+def base_for(ctx: Context) -> tuple[str, ...]:
+    """BASE with the KV memory the paper's rule gives for the model, GPU and parallelism
+    asked (a user's own `engine.kv_memory_mb` still comes last, and wins)."""
+    x = ctx.config(BASE)
+    mb = kv_memory_mb(Path(str(x.model.path)), str(x.executor.hardware), x.executor.tensor_parallel)
+    return (*BASE, f"engine.kv_memory_mb={mb}")
+
+
 def reproduce(ctx: Context) -> Outcome:
     size = QUICK if ctx.quick else FULL
+    base = base_for(ctx)
     wls = workloads(ctx, size)
     jobs = [
         Job(
@@ -152,16 +179,16 @@ def reproduce(ctx: Context) -> Outcome:
         for key, w in wls.items()
         for system, over in SYSTEMS.items()
     ]
-    done = ctx.run(BASE, jobs)
+    done = ctx.run(base, jobs)
     runs = {job.name: job.metrics for job in done}
     table = {
         key: {s: runs[f"{key} {s}"] for s in ORDER}
         for key in wls  # workload variant -> system -> metrics
     }
-    slower = None if ctx.quick else at_paper_latency(ctx, wls["sharegpt_paper_means"], table)
+    slower = None if ctx.quick else at_paper_latency(ctx, base, wls["sharegpt_paper_means"], table)
     if slower is not None:
         wls["sharegpt_paper_latency"], table["sharegpt_paper_latency"] = slower
-    capacity = capacities(ctx, wls["sharegpt"]["path"], size)
+    capacity = capacities(ctx, base, wls["sharegpt"]["path"], size)
     cells = (
         batch_cells(table, size["load"])
         + memory_cells(table["sharegpt"])
@@ -172,7 +199,7 @@ def reproduce(ctx: Context) -> Outcome:
         assumptions=assumptions(),
         setup=setup(ctx.quick, wls, size),
         draw=lambda png: draw(png, table, capacity, FIG13, FIG2),
-        config=ctx.config(BASE),
+        config=ctx.config(base),
         paper_setup=PAPER,
         sections=[
             ("Batched requests, and what moves them", batch_section(table, wls, FIG13)),
@@ -191,7 +218,10 @@ def reproduce(ctx: Context) -> Outcome:
 
 
 def at_paper_latency(
-    ctx: Context, w: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]]
+    ctx: Context,
+    base: tuple[str, ...],
+    w: dict[str, Any],
+    table: dict[str, dict[str, dict[str, Any]]],
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]] | None:
     """A diagnostic, not a cell: the paper-means ShareGPT runs again with every simulated
     second stretched so that vLLM's requests stay as long as the paper's numbers imply.
@@ -213,7 +243,7 @@ def at_paper_latency(
         f"executor.speed={speed:.4f}",
     )
     jobs = [Job(f"sharegpt_paper_latency {s}", (*o, *over)) for s, o in SYSTEMS.items()]
-    done = ctx.run(BASE, jobs)
+    done = ctx.run(base, jobs)
     title = (
         f"diagnostic: ShareGPT at the paper's means, every second / {speed:.3f} "
         f"(vLLM's requests {implied:.1f} s long, as its published batch implies)"
@@ -242,39 +272,38 @@ def token_state_share(m: dict[str, Any]) -> float:
     return 100 * m["kv_share_states"] / held if held > 0 else 0.0
 
 
-def capacities(ctx: Context, lengths: Path, size: dict[str, int]) -> dict[str, Any]:
-    """Each system's sustainable ShareGPT rate under each bound (capacity searches)."""
-    out: dict[str, Any] = {}
+def capacities(
+    ctx: Context, base: tuple[str, ...], lengths: Path, size: dict[str, int]
+) -> dict[str, Any]:
+    """Each system's sustainable ShareGPT rate under each bound: one capacity search each,
+    through `ctx.search` (a system's searches under both bounds share their runs)."""
     bounds = BOUNDS if not ctx.quick else BOUNDS[-1:]
-    for system, over in SYSTEMS.items():
-        out[system] = {}
-        for bound in bounds:
-            condition = parse_condition(f"normalized_latency<={bound:g}")
-
-            def probe(
-                rate: float, over: tuple[str, ...] = over, system: str = system
-            ) -> dict[str, Any]:
-                job = Job(
-                    f"capacity {system} {rate:.4g} req/s",
-                    (
-                        *over,
-                        f"workload.path={lengths}",
-                        f"workload.limit={size['capacity']}",
-                        f"workload.rate={rate}",
-                    ),
-                )
-                done: list[JobOutcome] = ctx.run(BASE, [job])
-                return done[0].metrics
-
-            found = find_capacity(probe, [condition], low=0.5, max_probes=size["probes"])
-            out[system][f"{bound:g}"] = {
-                "rate": found.goodput,
-                "status": found.status,
-                "probes": [
-                    {"rate": p.rate, "normalized_latency_s": p.metrics.get("normalized_latency_s")}
-                    for p in found.probes
-                ],
-            }
+    pairs = [(system, bound) for system in SYSTEMS for bound in bounds]
+    searches = [
+        SearchJob(
+            f"{system} normalized latency <= {bound:g}",
+            (
+                *SYSTEMS[system],
+                f"workload.path={lengths}",
+                f"workload.limit={size['capacity']}",
+            ),
+            (parse_condition(f"normalized_latency<={bound:g}"),),
+            label=f"capacity {system}",
+            low=0.5,
+            max_probes=size["probes"],
+        )
+        for system, bound in pairs
+    ]
+    out: dict[str, Any] = {system: {} for system in SYSTEMS}
+    for (system, bound), found in zip(pairs, ctx.search(base, searches), strict=True):
+        out[system][f"{bound:g}"] = {
+            "rate": found.result.goodput,
+            "status": found.result.status,
+            "probes": [
+                {"rate": p.rate, "normalized_latency_s": p.metrics.get("normalized_latency_s")}
+                for p in found.result.probes
+            ],
+        }
     return out
 
 
