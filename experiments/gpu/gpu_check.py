@@ -2,6 +2,7 @@
 
     python -m experiments.gpu_check FILE.csv --hardware h100-sxm [--json]
     python -m experiments.gpu_check ALL_REDUCE.csv --hardware h100-sxm --interconnect dgx [--json]
+    python -m experiments.gpu_check ATTENTION.csv --hardware a100-80gb [--flat] [--json]
 
 A per-operator table (Vidur's `*.mlp.csv` format, from any source) names its model shape and
 tensor-parallel degree in its own columns; every row is predicted by the hardware spec's
@@ -10,7 +11,12 @@ per operator and for the layer (the sum of the operators in the file), as MAPE, 
 p90 and max of |predicted / measured - 1|, split by token range and by TP degree. A collective
 table (its `collective` column) is predicted by the spec's all-reduce fit for the named
 interconnect, and reported by worker count, for messages of 1 MB and up (and all sizes
-apart). `--json` prints the same as one JSON object, fractions not percentages.
+apart). An attention table (Vidur's `attention.csv`: its `time_stats.attn_prefill.median`
+column) has its prefill rows priced as the simulator prices a step of that one row (the
+spec's fitted `prefill_attention`, or with `--flat` its flat `attention.prefill` fraction,
+the model before such a fit) and reported by TP degree and prompt length, with the median
+of predicted / measured; rows that extend a cached prefix (a chunk) apart. `--json` prints
+the same as one JSON object, fractions not percentages.
 
 Exit status: 0 on a readable file, whatever the errors; 2 (one `error:` line) on a malformed
 file or an unknown spec.
@@ -34,6 +40,8 @@ from framework.calibration.gpu_tables import (
     error_stats,
     predict_collective,
     predict_operators,
+    predict_prefill_attention,
+    read_attention_table,
     read_collective_table,
     read_operator_table,
 )
@@ -43,6 +51,7 @@ from framework.executors.simulated.gpu.shard import Device
 
 TOKEN_RANGES = ((1, 32), (33, 512), (513, 4096), (4097, None))
 LARGE_MESSAGE = 1e6  # bytes: the all-reduce target holds from here up
+PROMPT_RANGES = ((1, 1024), (1025, 2048), (2049, 4096), (4097, 8192), (8193, 16384), (16385, None))
 
 
 def token_range(lo: int, hi: int | None) -> str:
@@ -132,6 +141,47 @@ def check_collective(path: Path, spec: HardwareSpec, interconnect: str) -> dict[
     }
 
 
+def ratio_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """`error_stats` and the median of predicted / measured (below 1: the model reads
+    fast)."""
+    return {**error_stats(predicted, measured), "ratio": float(np.median(predicted / measured))}
+
+
+def check_attention(path: Path, spec: HardwareSpec, flat: bool = False) -> dict[str, Any]:
+    table = read_attention_table(path)
+    fit = None if flat else spec.kernels.prefill_attention
+    predicted = predict_prefill_attention(table, spec.attention, fit, spec.peak("float16"))
+    measured, fresh = table.seconds, table.fresh
+    by_tp = {}
+    for n in sorted(set(table.tp.tolist())):
+        rows = fresh & (table.tp == n)
+        if not rows.any():
+            continue
+        by_length = {}
+        for lo, hi in PROMPT_RANGES:
+            m = rows & (table.queries >= lo) & (table.queries <= (hi or np.inf))
+            if m.any():
+                by_length[token_range(lo, hi)] = ratio_stats(predicted[m], measured[m])
+        by_tp[str(int(n))] = {
+            **ratio_stats(predicted[rows], measured[rows]),
+            "heads_per_gpu": int(table.heads[rows][0] // n),
+            "by_length": by_length,
+        }
+    chunked = ~fresh
+    return {
+        "table": str(path),
+        "hardware": spec.id,
+        "priced_by": (
+            f"prefill_attention fitted on {fit.fitted_on}"
+            if fit is not None
+            else f"the flat attention.prefill fraction {spec.attention.prefill}"
+        ),
+        "prompts": ratio_stats(predicted[fresh], measured[fresh]) if fresh.any() else None,
+        "by_tp": by_tp,
+        "chunks": ratio_stats(predicted[chunked], measured[chunked]) if chunked.any() else None,
+    }
+
+
 def error_line(stats: dict[str, float]) -> str:
     """`error_stats` on one line, in percent."""
     return (
@@ -140,7 +190,26 @@ def error_line(stats: dict[str, float]) -> str:
     )
 
 
+def print_attention(report: dict[str, Any]) -> None:
+    def line(stats: dict[str, float]) -> str:
+        return f"{error_line(stats)}  predicted/measured {stats['ratio']:.2f}"
+
+    print(f"{report['table']}: prefill attention on {report['hardware']}")
+    print(f"  priced by {report['priced_by']}")
+    if report["prompts"]:
+        print(f"  whole prompts      {line(report['prompts'])}")
+    for n, stats in report["by_tp"].items():
+        print(f"  TP {n} ({stats['heads_per_gpu']} heads a GPU) {line(stats)}")
+        for k, band in stats["by_length"].items():
+            print(f"    {k:<14} {line(band)}")
+    if report["chunks"]:
+        print(f"  chunks after a cached prefix {line(report['chunks'])}")
+
+
 def print_report(report: dict[str, Any]) -> None:
+    if "priced_by" in report:
+        print_attention(report)
+        return
     if "collective" in report:
         print(f"{report['table']}: all-reduce on {report['hardware']} / {report['interconnect']}")
         print(f"  messages >= 1 MB   {error_line(report['collective'])}")
@@ -167,6 +236,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     cli.add_hardware(ap)
     cli.add_interconnect(ap, "for an all-reduce table: dgx, nvlink_pair")
     cli.add_json(ap)
+    ap.add_argument(
+        "--flat",
+        action="store_true",
+        help="for an attention table: price prefill at the spec's flat attention.prefill "
+        "fraction, leaving out its fitted prefill_attention (the model before that fit)",
+    )
     return ap.parse_args(argv)
 
 
@@ -176,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = HardwareSpec.from_dict(load_hardware_spec(args.hardware))
         with args.table.open(encoding="utf-8", errors="replace") as f:
             header = f.readline()
-        if "collective" in (c.strip() for c in header.split(",")):
+        columns = [c.strip() for c in header.split(",")]
+        if "collective" in columns:
             report = check_collective(args.table, spec, args.interconnect)
+        elif "time_stats.attn_prefill.median" in columns:
+            report = check_attention(args.table, spec, flat=args.flat)
         else:
             report = check_operators(args.table, spec)
     except (TableError, ProfileError, OSError) as exc:

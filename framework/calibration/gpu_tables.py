@@ -10,6 +10,13 @@ An operator table has one row per (token count, tensor-parallel degree) of one m
 back as bytes. Where the table has `devices_per_node`, only the rows measured within one node
 (`devices_per_node == num_workers`) are read, as Vidur's own predictor does: its other rows
 span nodes (a DGX table's 2 workers on 2 nodes, 1 a node) and time the network between them.
+
+An attention table (Vidur's `attention.csv`) has `time_stats.attn_prefill.median` for its
+prefill rows (`is_prefill`, one sequence: `batch_size` 1) of `prefill_chunk_size` queries over
+`kv_cache_size` keys already cached, with `n_q_head`, `n_kv_head`, `n_embd` and
+`num_tensor_parallel_workers`; its decode rows are not read. Its `attn_prefill` is the
+attention kernel alone: the KV write (`attn_kv_cache_save`) and the reshapes are columns of
+their own.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from framework.executors.simulated.gpu.kernels import AllReduceFit, KernelFits
+from framework.executors.simulated.analytic import CAUSAL_FRACTION
+from framework.executors.simulated.gpu.kernels import (
+    AllReduceFit,
+    AttentionFit,
+    KernelFits,
+    PrefillAttentionFit,
+)
 from framework.executors.simulated.gpu.shard import (
     TABLE_OPERATORS,
     Device,
@@ -39,6 +52,17 @@ SHAPE_COLUMNS = (
     "num_tensor_parallel_workers",
 )
 COLLECTIVE_COLUMNS = ("time_stats.all_reduce.median", "num_workers", "size", "collective")
+ATTENTION_COLUMNS = (
+    "time_stats.attn_prefill.median",
+    "n_q_head",
+    "n_kv_head",
+    "n_embd",
+    "num_tensor_parallel_workers",
+    "batch_size",
+    "prefill_chunk_size",
+    "kv_cache_size",
+    "is_prefill",
+)
 TABLE_DTYPE_BYTES = 2  # the published tables are fp16
 
 
@@ -195,3 +219,74 @@ def error_stats(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]
         "max": float(e.max()),
         "rows": len(e),
     }
+
+
+@dataclass
+class AttentionTable:
+    """The prefill rows of a published attention table: one sequence each, `queries` new
+    tokens over `cached` keys already in the KV cache, on one of `tp` GPUs."""
+
+    path: Path
+    queries: np.ndarray
+    cached: np.ndarray
+    tp: np.ndarray
+    heads: np.ndarray  # the whole model's query heads
+    head_dim: np.ndarray
+    seconds: np.ndarray  # attn_prefill, measured median
+
+    @property
+    def context(self) -> np.ndarray:
+        """The keys each row's last query attends: the cached ones and its own chunk."""
+        return self.queries + self.cached
+
+    @property
+    def fresh(self) -> np.ndarray:
+        """Rows of a whole prompt (nothing cached): the square the simulator prices exactly."""
+        return self.cached == 0
+
+    def flops(self) -> np.ndarray:
+        """Each row's FLOPs as the simulator counts them: 4 x heads on one GPU x head dim x
+        the causal half of queries x context (exact for a prompt; a chunk over a cached
+        prefix computes up to twice this)."""
+        heads_shard = self.heads // self.tp
+        return 4 * heads_shard * self.head_dim * CAUSAL_FRACTION * self.queries * self.context
+
+
+def read_attention_table(path: str | Path) -> AttentionTable:
+    p = Path(path)
+    header, rows = _rows(p)
+    missing = [c for c in ATTENTION_COLUMNS if c not in header]
+    if missing:
+        raise TableError(f"{p}: not an attention table (missing columns: {', '.join(missing)})")
+    # Only the prefill rows are parsed: a decode row leaves the prefill times blank.
+    keep = (_column(rows, "is_prefill", p) == 1) & (_column(rows, "batch_size", p) == 1)
+    if not keep.any():
+        raise TableError(f"{p}: no prefill row of one sequence (is_prefill True, batch_size 1)")
+    rows = [row for row, k in zip(rows, keep, strict=True) if k]
+    col = {c: _column(rows, c, p) for c in ATTENTION_COLUMNS}
+    heads, tp = col["n_q_head"], col["num_tensor_parallel_workers"]
+    if np.any(heads < 1) or np.any(tp < 1) or np.any(heads % tp) or np.any(col["n_embd"] % heads):
+        raise TableError(f"{p}: n_q_head must divide n_embd and be divided by the TP degree")
+    seconds = col["time_stats.attn_prefill.median"] * 1e-3
+    if np.any(seconds <= 0) or np.any(col["prefill_chunk_size"] < 1):
+        raise TableError(f"{p}: a prefill row with no queries or a time that is not > 0")
+    return AttentionTable(
+        p,
+        queries=col["prefill_chunk_size"],
+        cached=col["kv_cache_size"],
+        tp=tp,
+        heads=heads,
+        head_dim=col["n_embd"] // heads,
+        seconds=seconds,
+    )
+
+
+def predict_prefill_attention(
+    table: AttentionTable, attention: AttentionFit, fit: PrefillAttentionFit | None, peak: float
+) -> np.ndarray:
+    """The simulator's seconds for every prefill row (one kernel, one layer), priced by
+    `AttentionFit.prefill_seconds` as a step of that one row is."""
+    flops, context = table.flops(), table.context
+    return np.array(
+        [attention.prefill_seconds(f, c, peak, fit) for f, c in zip(flops, context, strict=True)]
+    )

@@ -44,9 +44,23 @@ TENSOR_PARALLEL = (1, 2, 4, 8)
 
 # A prompt's queries attend only to earlier keys: a causal kernel (FlashAttention) skips the
 # masked half of the square, so prefill attention FLOPs are counted at half of
-# queries x context. For a short chunk over a long cached prefix this undercounts (by at
-# most 2x, and such a chunk's attention is a small share of its step).
+# queries x context. For a chunk over a cached prefix this undercounts: q queries after p
+# cached keys compute q x (p + (q + 1) / 2) pairs, up to twice the count, and a step's
+# features (sums over its rows) do not give the exact count of several rows. Against Vidur's
+# A100 table the fitted form (`kernels.PrefillAttentionFit`) reads such chunks 0.65-1.09x
+# (docs/simulator-analytic.md, "Long-prefill attention against published tables").
 CAUSAL_FRACTION = 0.5
+
+
+def prefill_context(f: StepFeatures) -> float:
+    """The keys the longest tile of a step's prefill kernel streams, as its features give
+    them: the prefill rows' context, weighted by their queries (`prefill_attn` /
+    `prefill_tokens`). Exact for one row (a prompt: its length; a chunk: its prefix and
+    itself); for several rows a weighted mean, below the longest row's context."""
+    if f.prefill_tokens:
+        return f.prefill_attn / f.prefill_tokens
+    return math.sqrt(f.prefill_attn)  # features made by hand without their tokens
+
 
 # Sampling: a greedy row reads its fp32 logits once (argmax); a random row reads them about
 # three more times (temperature and softmax read and write, the multinomial draw reads).
@@ -315,7 +329,8 @@ class AnalyticProfile:
         prefill = decode = 0.0
         if f.prefill_attn:
             flops = 4 * s.heads_shard * s.head_dim * CAUSAL_FRACTION * f.prefill_attn
-            prefill = L * (att.fixed_s + flops / (dev.peak * att.prefill))
+            fit = self.hardware.kernels.prefill_attention
+            prefill = L * att.prefill_seconds(flops, prefill_context(f), dev.peak, fit)
         if f.decode_ctx:
             nbytes = f.decode_ctx * s.kv_bytes_per_token_layer(dev.dtype_bytes)
             decode = L * (att.fixed_s + nbytes / (dev.bandwidth * att.decode))

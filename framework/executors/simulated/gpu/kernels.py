@@ -14,7 +14,12 @@ launch-and-tail cost) and a large one as tensor-core work split into tiles over 
   write: time = `fixed_s` + bytes / (bandwidth x `bandwidth`).
 - **Attention** (`AttentionFit`): prefill is FLOPs with the causal half skipped, at
   `prefill` x peak; decode is the KV bytes read, at `decode` x bandwidth; each kernel adds
-  `fixed_s`. Not fitted (no table is shipped): taken from published kernel figures.
+  `fixed_s`: published kernel figures. Where a spec's `kernels:` holds a `prefill_attention`
+  block (`PrefillAttentionFit`, fitted to a published attention table), prefill is instead
+  its FLOPs at `compute` x peak plus `per_key_s` for every key of the context: a causal
+  kernel's last query tiles stream every key on one SM each, a serial tail that more heads
+  do not shorten, so a flat fraction of the peak reads short prompts, and a GPU's few heads
+  under tensor parallelism, fast.
 - **All-reduce** (`AllReduceFit`): latency + the ring's 2 (n-1)/n x bytes over the bus
   bandwidth, one pair of numbers per worker count (an alpha-beta fit).
 
@@ -147,8 +152,49 @@ class AttentionFit:
         _fraction(v["decode"], f"{where}.decode")
         return cls(**v)
 
+    def prefill_seconds(
+        self, flops: float, context: float, peak: float, fit: PrefillAttentionFit | None
+    ) -> float:
+        """One prefill kernel, its fixed cost included: the fitted form where the spec has
+        one (`KernelFits.prefill_attention`), else the FLOPs at the flat `prefill` fraction.
+        The one place both the simulator and `experiments.gpu_check` price it."""
+        if fit is None:
+            return self.fixed_s + flops / (peak * self.prefill)
+        return self.fixed_s + fit.seconds(flops, context, peak)
+
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PrefillAttentionFit:
+    """A causal prefill kernel as a published attention table times it: the FLOPs at a
+    fraction of the dense peak, plus a serial cost per key of the context. The second term
+    is why the table's achieved fraction of the peak rises with the prompt (Vidur's A100
+    FlashInfer table, 32 heads a GPU: 0.35 of the peak at 2,048 tokens, 0.56 at 16,384):
+    the last query tiles each stream the whole context on one SM, however many heads run
+    beside them. Fitted by `experiments.gpu_fit --attention` (docs/simulator-analytic.md)."""
+
+    compute: float  # fraction of the dense peak the quadratic part reaches
+    per_key_s: float  # seconds per key of the context, per kernel (the longest tile's loop)
+    fitted_on: str = ""  # the table and rows the fit read
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> PrefillAttentionFit:
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: not a mapping")
+        compute = _fraction(number(data, "compute", where), f"{where}.compute")
+        per_key = number(data, "per_key_s", where, positive=False)
+        return cls(compute, per_key, str(data.get("fitted_on") or ""))
+
+    def seconds(self, flops: float, context: float, peak: float) -> float:
+        """One prefill kernel's time (without the family's fixed cost): `flops` as the
+        causal count gives them, over `context` keys (the longest row's, or its best
+        estimate from the step's features)."""
+        return flops / (peak * self.compute) + self.per_key_s * context
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fitted_on": self.fitted_on, "compute": self.compute, "per_key_s": self.per_key_s}
 
 
 @dataclass(frozen=True)
@@ -212,6 +258,9 @@ class KernelFits:
     gemm: GemmFit
     stream: dict[str, StreamFit]  # by STREAM_FAMILIES
     fitted_on: str = ""  # the table the fit read, as its command named it
+    # Prefill attention fitted to a published attention table; None: the spec's `attention`
+    # fraction alone prices it (a flat fraction of the peak).
+    prefill_attention: PrefillAttentionFit | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "hardware.kernels") -> KernelFits:
@@ -226,15 +275,24 @@ class KernelFits:
         stream = {}
         for family in STREAM_FAMILIES:
             stream[family] = StreamFit.from_dict(stream_in.get(family), f"{where}.stream.{family}")
+        prefill = data.get("prefill_attention")
         return cls(
             gemm=GemmFit.from_dict(data.get("gemm"), f"{where}.gemm"),
             stream=stream,
             fitted_on=str(data.get("fitted_on") or ""),
+            prefill_attention=(
+                None
+                if prefill is None
+                else PrefillAttentionFit.from_dict(prefill, f"{where}.prefill_attention")
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "fitted_on": self.fitted_on,
             "gemm": self.gemm.to_dict(),
             "stream": {k: v.to_dict() for k, v in self.stream.items()},
         }
+        if self.prefill_attention is not None:
+            out["prefill_attention"] = self.prefill_attention.to_dict()
+        return out
