@@ -102,3 +102,24 @@ def test_each_reproduction_knows_its_papers_set_up(module: Any) -> None:
         assert module.PAPER.differences(compose_cfg([*base, "engine.block_size=256"]))
     else:
         assert moved == ["executor.hardware", "executor.tensor_parallel"]
+
+
+def test_on_the_papers_other_set_up_only_its_claims_for_every_model_are_targets() -> None:
+    """Yi-34B on an NVLink pair is a set-up Sarathi-Serve's paper ran: its searches use the
+    artifact's SLOs for it (0.2 and 1.0 s), the orderings the paper states for every model
+    stay targets, and Mistral-7B's 2.6x is labelled as Mistral-7B's."""
+    base = list(sarathi_capacity.MACHINE)
+    yi = compose_cfg([*base, f"model.path={sarathi_capacity.YI_34B}", "executor.tensor_parallel=2"])
+    assert sarathi_capacity.PAPER.which(yi) is sarathi_capacity.YI
+    assert sarathi_capacity.PAPER.which(compose_cfg(base)) is sarathi_capacity.PAPER
+    assert sarathi_capacity.PAPER.which(compose_cfg([*base, f"model.path={LLAMA_8B}"])) is None
+    strict, relaxed = sarathi_capacity.slos(40.0, sarathi_capacity.YI)
+    assert (strict.tbt_p99_s, relaxed.tbt_p99_s) == (0.2, 1.0)
+    ratio = Cell("ratio", 2.6, 2.0, "x")
+    order = Cell("order", 2, 2, "pairs", every_setup=True)
+    moved, kept = sarathi_capacity.PAPER.held_to([ratio, order], yi)
+    assert moved.published is None and moved.published_for.startswith("Mistral-7B")
+    assert kept == order and kept.deviation == 0
+    elsewhere = compose_cfg([*base, f"model.path={LLAMA_8B}"])
+    assert sarathi_capacity.PAPER.held_to([order], elsewhere)[0].published is None
+    assert sarathi_capacity.kv_blocks(sarathi_capacity.YI_34B, "a100-80gb-pcie", tp=2) > 0

@@ -42,6 +42,9 @@ class Cell:
     # for its own set-up, labelled ("Mistral-7B on one A100 80GB PCIe: 2.6x"); the cell then
     # has no published value for this set-up and no deviation.
     published_for: str = ""
+    # A claim the paper states for every set-up it ran ("Sarathi-Serve above both baselines in
+    # every case"): it keeps its published value on any of them (`PaperSetup.others`).
+    every_setup: bool = False
 
     def _target(self) -> float:
         """The published value the simulated one is held to: the value itself, or the
@@ -103,10 +106,12 @@ class PaperSetup:
     (`model.path` a folder, compared resolved; any other key compared as it composes): a
     published number is a cell's target only on that set-up. Asked about another model, GPU
     or parallelism, a reproduction computes its rules for what was asked, and its cells show
-    the paper's value as the paper's, beside, not as a target."""
+    the paper's value as the paper's, beside, not as a target. `others`: the paper's other
+    set-ups, where only its claims for every set-up (`Cell.every_setup`) are targets."""
 
     label: str  # "Mistral-7B on one A100 80GB PCIe"
     keys: dict[str, Any]
+    others: tuple[PaperSetup, ...] = ()
 
     def differences(self, cfg: Any) -> list[str]:
         """The keys where `cfg` (the composed config of a reproduction's runs) is not the
@@ -125,20 +130,26 @@ class PaperSetup:
                 out.append(f"{key}={have} (the paper: {want})")
         return out
 
+    def which(self, cfg: Any) -> PaperSetup | None:
+        """The paper's set-up `cfg` is on (this one or one of `others`), or None."""
+        return next((s for s in (self, *self.others) if not s.differences(cfg)), None)
+
     def held_to(self, cells: list[Cell], cfg: Any) -> list[Cell]:
-        """`cells` as they stand on `cfg`'s set-up: unchanged on the paper's, else each
-        published value moved to `published_for`, labelled with the paper's set-up."""
-        if not self.differences(cfg):
+        """`cells` as they stand on `cfg`'s set-up: unchanged on the paper's; on another of the
+        paper's set-ups only the claims for every set-up kept; elsewhere each published value
+        moved to `published_for`, labelled with the paper's set-up."""
+        on = self.which(cfg)
+        if on is self:
             return cells
         return [
-            replace(
+            c
+            if c.published is None or (on is not None and c.every_setup)
+            else replace(
                 c,
                 published=None,
                 published_high=None,
                 published_for=f"{self.label}: {c.published_text()}",
             )
-            if c.published is not None
-            else c
             for c in cells
         ]
 
