@@ -15,7 +15,15 @@ Adding a reproduction takes a module here and a line in `registry.py`:
      distinct model is loaded and each distinct workload built once, each job gets its own
      engine, and its numbers come back as `JobOutcome.metrics` (metrics.json's keys, plus what
      `measure(result)` reads of the engine's `RunResult`); `ctx.workers` jobs run at once in
-     forked processes;
+     forked processes (`framework.run.workers`, the project's one pool);
+   - a capacity search is `ctx.search(BASE, [SearchJob(...), ...])` (`search.py`): the highest
+     rate at which a config meets an SLO, by `goodput_search.find_capacity`, each probe a job;
+     searches of one config share their runs, a grid of rates may seed their brackets, and
+     the searches run `ctx.workers` at once;
+   - the engine the paper ran names its software (`executor.software`, one profile for every
+     reproduction that ran that engine, never a factor per paper), and a rule the paper
+     states as a formula (an SLO as a multiple of a step, a KV pool as the memory less the
+     weights) is computed for the model, GPU and parallelism asked (`gpu_memory.py`);
    - `ctx.quick` asks for the small form the tests run (seconds); the full form must finish
      in minutes on a 2-core machine;
    - it returns `Outcome(cells, assumptions, setup, draw, config, sections, data)`: `Cell`s
@@ -24,7 +32,10 @@ Adding a reproduction takes a module here and a line in `registry.py`:
      met anywhere inside it), every `Assumption` with its source, the set-up in Markdown, a
      function drawing the paper's figure with the published points overlaid (matplotlib,
      through `framework.tracking.figures`), the composed config for MLflow, further Markdown
-     sections, and JSON-ready data (the figure's series).
+     sections, JSON-ready data (the figure's series), and `paper_setup` (`cells.PaperSetup`:
+     the keys the paper's numbers were measured on; on any other set-up each published value
+     is shown as the paper's, labelled, and is no target). Tables go through
+     `framework.tracking.tables.markdown_table`.
 3. `report.py` writes the rest the same way for every reproduction: `reproduction.md`,
    `reproduction.json`, `reproduction.png` into `--out` (default
    `outputs/reproductions/NAME/DATE_TIME`), and one MLflow run (`nanoserve.kind=reproduction`).
