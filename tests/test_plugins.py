@@ -27,7 +27,7 @@ from hydra.errors import ConfigCompositionException
 
 import framework.api.registry
 from framework.api import hookspecs
-from framework.api.admission import admit_fcfs, admit_in_order
+from framework.api.admission import admit_fcfs, admit_in_order, room_for
 from framework.api.guard import Guarded
 from framework.api.hookspecs import hookimpl
 from framework.api.policy import (
@@ -773,3 +773,28 @@ def test_cli_unknown_policy_in_a_sweep_lists_providers(example_site: Path, tmp_p
     assert_refused(proc.returncode, proc.stderr, "unknown policy scheduler=fifo; scheduler offers")
     assert f"aged_sjf ({EXAMPLE_DIST})" in proc.stderr and "continuous (nanoserve)" in proc.stderr
     assert not any(tmp_path.iterdir())  # failed before any job started
+
+
+def test_room_for_is_the_admission_test_and_evict_defaults_to_the_finished_rows() -> None:
+    """`room_for` gives a request's tokens and blocks, or None where a row, the token budget,
+    the blocks or the allocator says no; `admit_in_order` stops where it says None, and a
+    scheduler that writes only `admit` releases every finished row."""
+    a, b = make_seq("a", prompt_len=10), make_seq("b", prompt_len=30)
+    view = make_view(waiting=(a, b), max_num_batched_tokens=40, price=lambda s: 2)
+    assert room_for(view, a, 0, 0, 10) == (10, 2)
+    assert room_for(view, b, 0, 10, 10) == (30, 2)
+    assert room_for(view, b, 0, 11, 10) is None  # 41 tokens
+    assert room_for(view, a, 8, 0, 10) is None  # every row taken
+    assert room_for(view, a, 0, 0, 1) is None  # one block left, two asked
+    assert ids(admit_in_order(view)) == ["a", "b"]
+    assert ids(admit_in_order(make_view(waiting=(a, b), max_num_batched_tokens=39))) == ["a"]
+
+    class AdmitOnly(Scheduler):
+        def admit(self, view: EngineView) -> list[Sequence]:
+            return admit_in_order(view)
+
+    done = make_running("d", 0, max_tokens=1)
+    done.output_token_ids.append(7)  # its one token sampled: owes no more
+    live = make_running("l", 1)
+    assert done.finished and not live.finished
+    assert AdmitOnly(PolicyConfig()).evict(make_view(running=(done, live))) == [done]

@@ -16,7 +16,7 @@ What a plugin reads of the engine's state (`Sequence`, `Status`, `RequestSpec`,
 engine's own modules, which may move.
 """
 
-from framework.api.admission import OrderKey, admit_fcfs, admit_in_order, chunk_prefill
+from framework.api.admission import OrderKey, admit_fcfs, admit_in_order, chunk_prefill, room_for
 from framework.api.hookspecs import PROJECT, hookimpl, hookspec
 from framework.api.policy import (
     API_VERSION,
@@ -65,4 +65,5 @@ __all__ = [
     "chunk_prefill",
     "hookimpl",
     "hookspec",
+    "room_for",
 ]

@@ -30,10 +30,31 @@ def admit_fcfs(view: EngineView, limit: int | None = None) -> list[Sequence]:
     return admit_in_order(view, None, limit)
 
 
+def room_for(
+    view: EngineView, seq: Sequence, rows: int, tokens: int, free: int
+) -> tuple[int, int] | None:
+    """The tokens and blocks `seq` takes if it can join a step that already holds `rows` rows
+    and `tokens` tokens with `free` blocks left, else None: its chunk (`view.chunk`, what a
+    prefix cache already holds not charged), the step's row and token caps, its blocks, and
+    the allocator's say (`view.admits`). The one budget test, for admitting and for a
+    scheduler that asks what would make room."""
+    need_tokens = view.chunk(seq, view.max_num_batched_tokens - tokens)
+    need_blocks = view.blocks_to_admit(seq)
+    if (
+        rows >= view.max_num_seqs
+        or need_tokens < 1
+        or tokens + need_tokens > view.max_num_batched_tokens
+        or need_blocks > free
+        or not view.admits(seq, free)
+    ):
+        return None
+    return need_tokens, need_blocks
+
+
 def admit_in_order(
     view: EngineView, key: OrderKey | None = None, limit: int | None = None
 ) -> list[Sequence]:
-    """Admit waiting requests in `key` order while rows, tokens and blocks allow.
+    """Admit waiting requests in `key` order while rows, tokens and blocks allow (`room_for`).
 
     `key` ranks the waiting queue (smallest first); the sort is stable, so ties keep the
     queue's order (preempted requests first, then by arrival). None keeps the queue's order.
@@ -53,17 +74,10 @@ def admit_in_order(
     for seq in queue:
         if len(admitted) >= slots:
             break
-        # The scheduler's chunk of the prompt where it chunks (`Scheduler.chunk`), else all.
-        need_tokens = view.chunk(seq, view.max_num_batched_tokens - tokens)
-        need_blocks = view.blocks_to_admit(seq)
-        if (
-            need_tokens < 1
-            or tokens + need_tokens > view.max_num_batched_tokens
-            or need_blocks > free
-            or not view.admits(seq, free)
-        ):
+        need = room_for(view, seq, rows + len(admitted), tokens, free)
+        if need is None:
             break
         admitted.append(seq)
-        tokens += need_tokens
-        free -= need_blocks
+        tokens += need[0]
+        free -= need[1]
     return admitted

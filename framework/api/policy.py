@@ -219,11 +219,13 @@ class Scheduler(ABC):
     def __init__(self, cfg: PolicyConfig) -> None:
         self.cfg = cfg
 
-    @abstractmethod
     def evict(self, view: EngineView) -> list[Sequence]:
         """Finished rows to release before the forward (a subset of finished running rows).
         Asked before each forward in which some running row has finished (`seq.finished`),
-        and only then: with none, there is nothing it may name."""
+        and only then: with none, there is nothing it may name. By default every finished
+        row leaves at once, as continuous batching does; a scheduler that holds them (static
+        batching waits for the whole batch) overrides it."""
+        return [s for s in view.running if s.finished]
 
     @abstractmethod
     def admit(self, view: EngineView) -> list[Sequence]:

@@ -40,9 +40,6 @@ class ChunkedScheduler(Scheduler):
             raise ValueError(f"scheduler.chunk_size must be >= 1 or null, got {cfg.chunk_size}")
         self.chunk_size = cfg.chunk_size
 
-    def evict(self, view: EngineView) -> list[Sequence]:
-        return [s for s in view.running if s.finished]
-
     def admit(self, view: EngineView) -> list[Sequence]:
         return admit_fcfs(view)
 

@@ -17,9 +17,6 @@ class ContinuousConfig(PolicyConfig):
 class ContinuousScheduler(Scheduler):
     """Iteration-level batching (Orca): admit and evict at every step."""
 
-    def evict(self, view: EngineView) -> list[Sequence]:
-        return [s for s in view.running if s.finished]
-
     def admit(self, view: EngineView) -> list[Sequence]:
         return admit_fcfs(view)
 

@@ -43,9 +43,6 @@ class LPMScheduler(Scheduler):
         self.max_queue = cfg.max_queue
         self.aging = cfg.aging_tokens_per_s
 
-    def evict(self, view: EngineView) -> list[Sequence]:
-        return [s for s in view.running if s.finished]
-
     def admit(self, view: EngineView) -> list[Sequence]:
         if len(view.waiting) > self.max_queue:
             return admit_in_order(view)

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.api import EngineView, PolicyConfig, Scheduler, Sequence, admit_in_order, hookimpl
+from framework.api import (
+    EngineView,
+    PolicyConfig,
+    Scheduler,
+    Sequence,
+    admit_in_order,
+    hookimpl,
+    room_for,
+)
 
 
 @dataclass
@@ -25,14 +33,6 @@ class PriorityConfig(PolicyConfig):
 
 def by_priority(seq: Sequence) -> int:
     return seq.priority
-
-
-def _fits(view: EngineView, seq: Sequence, rows: int, tokens: int, free: int) -> bool:
-    return (
-        rows < view.max_num_seqs
-        and tokens + seq.step_tokens <= view.max_num_batched_tokens
-        and view.blocks_to_admit(seq) <= free
-    )
 
 
 def displace(view: EngineView) -> list[Sequence]:
@@ -49,7 +49,7 @@ def displace(view: EngineView) -> list[Sequence]:
     rows = len(view.running)
     tokens = view.step_tokens()
     free = view.free_blocks
-    if _fits(view, head, rows, tokens, free):
+    if room_for(view, head, rows, tokens, free) is not None:
         return []
     candidates = sorted(
         (s for s in view.running if not s.finished and s.priority > head.priority),
@@ -62,16 +62,13 @@ def displace(view: EngineView) -> list[Sequence]:
         rows -= 1
         tokens -= seq.step_tokens
         free += len(seq.block_table)
-        if _fits(view, head, rows, tokens, free):
+        if room_for(view, head, rows, tokens, free) is not None:
             return victims
     return []
 
 
 class PriorityScheduler(Scheduler):
     """Admits the most urgent request first (lower `priority`) and displaces less urgent rows."""
-
-    def evict(self, view: EngineView) -> list[Sequence]:
-        return [s for s in view.running if s.finished]
 
     def admit(self, view: EngineView) -> list[Sequence]:
         return admit_in_order(view, by_priority)

@@ -23,9 +23,6 @@ def job_length(seq: Sequence) -> int:
 class SJFScheduler(Scheduler):
     """Shortest job first: the fewest `max_tokens` is admitted first, FCFS among equals."""
 
-    def evict(self, view: EngineView) -> list[Sequence]:
-        return [s for s in view.running if s.finished]
-
     def admit(self, view: EngineView) -> list[Sequence]:
         return admit_in_order(view, job_length)
 
