@@ -268,7 +268,7 @@ class Engine:
         return lose_replica(self.planner)
 
     def take_over(self, copy: Sequence) -> None:
-        """A request re-routed from a failed replica (`Sequence.rerouted_copy`) joins the
+        """A request re-routed from a failed replica (`Sequence.copy_for`) joins the
         waiting queue now, behind those that have arrived here by now."""
         self.seqs.append(copy)
         self._enqueue(copy, now=True)

@@ -86,7 +86,7 @@ class ReplicaHandOffs:
         planner asks them) of the request as it arrives, prompt and first token. Returns
         the request as this replica will serve it, its blocks reserved (held from now on),
         or None when the allocator declines or the pool lacks the blocks."""
-        copy = seq.moved()
+        copy = seq.copy_for(kv_sent=True)
         bs = pool.block_size
         n = allocator.blocks_to_admit(copy, bs)
         if not isinstance(n, int) or n * bs < copy.num_tokens:

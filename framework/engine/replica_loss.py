@@ -3,7 +3,7 @@
 A replica that fails loses its device: its KV cache and the sampled tokens still on it (held
 by the output policy) are gone. What its clients already received stays theirs. So each
 request it held that had not finished leaves it (`Status.LOST`, its blocks back in the
-pool, its prefix cache forgotten), and a copy of it (`Sequence.rerouted_copy`) carrying the
+pool, its prefix cache forgotten), and a copy of it (`Sequence.copy_for`) carrying the
 tokens already delivered goes back to the router, to be computed again on a live replica
 from its prompt plus those tokens: no client sees a token twice, and greedy decoding gives
 the tokens a fault-free run gives.
@@ -54,4 +54,4 @@ def lose_replica(planner: Planner) -> list[Sequence]:
         lost.append(seq)
     planner.pool.forget_all()
     lost.sort(key=lambda s: s.arrival)
-    return [seq.rerouted_copy() for seq in lost]
+    return [seq.copy_for(kv_sent=False) for seq in lost]

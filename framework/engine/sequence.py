@@ -172,28 +172,23 @@ class Sequence:
             and len(self.output_token_ids) < self.spec.sampling.max_tokens
         )
 
-    def moved(self) -> Sequence:
-        """The request as a decode replica receives it from its prefill replica: the tokens
-        and times so far, the prompt's KV computed (it comes over the link), nothing to
-        prefill, and its own `max_tokens` again."""
-        copy = Sequence(self.spec, self.eos_token_id, Status.RECEIVING)
+    def copy_for(self, kv_sent: bool) -> Sequence:
+        """The request as another replica takes it: the tokens delivered so far and their
+        times, its preemptions, admission and first token. `kv_sent`: a decode replica
+        receives it from its prefill replica, the prompt's KV computed (it comes over the
+        link), nothing to prefill, its own `max_tokens` again; else a live replica takes it
+        over from a failed one, nothing computed (its KV was lost with its replica), its
+        prompt and those tokens to prefill again."""
+        copy = Sequence(
+            self.spec, self.eos_token_id, Status.RECEIVING if kv_sent else Status.WAITING
+        )
         copy.output_token_ids = list(self.output_token_ids)
         copy.token_times = list(self.token_times)
-        copy.num_computed = copy.prefill_end = self.num_computed
-        copy.carried = len(self.output_token_ids)
-        copy.preemptions = self.preemptions
-        copy.admitted_at = self.admitted_at
-        copy.first_token_at = self.first_token_at
-        return copy
-
-    def rerouted_copy(self) -> Sequence:
-        """The request as a live replica takes it over from a failed one: the tokens
-        delivered so far and their times, nothing computed (its KV was lost with its
-        replica), its prompt and those tokens to prefill again."""
-        copy = Sequence(self.spec, self.eos_token_id, Status.WAITING)
-        copy.output_token_ids = list(self.output_token_ids)
-        copy.token_times = list(self.token_times)
-        copy.rerouted = len(self.output_token_ids)
+        if kv_sent:
+            copy.num_computed = copy.prefill_end = self.num_computed
+            copy.carried = len(self.output_token_ids)
+        else:
+            copy.rerouted = len(self.output_token_ids)
         copy.preemptions = self.preemptions
         copy.admitted_at = self.admitted_at
         copy.first_token_at = self.first_token_at
