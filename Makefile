@@ -46,14 +46,16 @@ $(SERVE_STAMP): $(STAMP) pyproject.toml
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
-# The suite runs on every core (pytest-xdist, at most 4 workers: each holds its own copy of
-# the models), the slowest tests handed out first as workers free up. ARGS="-n 0" runs it in
-# one process.
+# mypy first (framework/engine, strict: pyproject.toml's [tool.mypy]), then the suite on every
+# core (pytest-xdist, at most 4 workers: each holds its own copy of the models), the slowest
+# tests handed out first as workers free up. ARGS="-n 0" runs it in one process.
 test: $(STAMP) $(RAY_STAMP) $(SERVE_STAMP)
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) outputs multirun .cache

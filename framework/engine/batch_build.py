@@ -29,7 +29,8 @@ def slots(table: list[int], start: int, end: int, bs: int) -> list[int]:
             raise IndexError(f"block {last - 1} of a {len(table)}-block table")
         grid = np.asarray(table[first:last])[:, None] * bs + np.arange(bs)
         off = start - first * bs
-        return grid.ravel()[off : off + end - start].tolist()
+        slots: list[int] = grid.ravel()[off : off + end - start].tolist()
+        return slots
     out: list[int] = []
     pos = start
     while pos < end:

@@ -330,12 +330,14 @@ def check_served_once(
         raise AssertionError(f"decode copies and decode replicas disagree: {wrong}")
     want = {s.id for s in specs}
     if set(seen) != want:
-        lost = sorted(want - set(seen))[:5]
+        missing = sorted(want - set(seen))[:5]
         extra = sorted(set(seen) - want)[:5]
-        raise AssertionError(f"requests lost {lost} or unknown {extra} across the replicas")
-    wrong = [k for k, v in seen.items() if replica_of.get(k) != v]
-    if wrong:
-        raise AssertionError(f"{wrong[:5]} are held by another replica than they were routed to")
+        raise AssertionError(f"requests lost {missing} or unknown {extra} across the replicas")
+    misrouted = [k for k, v in seen.items() if replica_of.get(k) != v]
+    if misrouted:
+        raise AssertionError(
+            f"{misrouted[:5]} are held by another replica than they were routed to"
+        )
     history = replicas_of or {}
     twice = [k for k, v in lost.items() if sorted(v) != sorted(history.get(k, [])[:-1])]
     twice += [k for k, v in history.items() if len(v) > 1 and k not in lost]

@@ -10,7 +10,7 @@ running a model can replace it without changing any policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -66,3 +66,10 @@ class Executor(Protocol):
     """
 
     def execute(self, batch: StepBatch) -> ExecResult: ...
+
+
+def describe(executor: Any) -> dict[str, str]:
+    """What an executor says of itself (`describe()`: its name, and for a simulator what its
+    costs come from), for metrics.json; an executor that says nothing is named by its class."""
+    said = getattr(executor, "describe", None)
+    return dict(said()) if callable(said) else {"executor": type(executor).__name__}

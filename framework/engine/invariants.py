@@ -27,7 +27,7 @@ def check_step(
     pool: BlockPool,
     counters: Counters,
     held_steps: int,
-    window: int,
+    window: float,
     output_name: str,
     max_num_seqs: int,
     max_num_batched_tokens: int,

@@ -54,7 +54,7 @@ class Lookups:
         self.cached_tokens(seq)
         if not self.cuts_prefills:
             return seq.step_tokens
-        return self.p.scheduler.chunk(view, seq, budget)
+        return int(self.p.scheduler.chunk(view, seq, budget))
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
         """`view.admits`: whether the pool can place `seq`'s blocks after this step's earlier
@@ -63,11 +63,11 @@ class Lookups:
         # Any free block serves a paged pool: the price was already held to `free_blocks`.
         if self.pool.layout != "paged" and not self.pool.would_place(self.price(seq), free_blocks):
             return False
-        return self.p.allocator.admits(view, seq, free_blocks)
+        return bool(self.p.allocator.admits(view, seq, free_blocks))
 
     def price(self, seq: Sequence) -> int:
         """`view.blocks_to_admit`: the free blocks admitting `seq` takes, the allocator's
         price less the cached blocks it shares that another table holds already (those
         cost nothing; an evictable cached block costs one, like a fresh one)."""
-        n = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
+        n: int = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
         return n - self.pool.in_use(self.pool.cached_blocks(seq))

@@ -31,7 +31,7 @@ from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters, StepStats
-from framework.engine.executor import ExecResult, Executor
+from framework.engine.executor import ExecResult, Executor, describe
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import check_end, check_step
@@ -83,13 +83,6 @@ class RunResult:
     # failure took it), and the outages as they happened (`cluster.faults`; None without).
     replicas_of: dict[str, list[int]] | None = None
     outages: list[OutageRecord] | None = None
-
-
-def describe(executor: Any) -> dict[str, str]:
-    """What an executor says of itself (`describe()`: its name, and for a simulator what its
-    costs come from), for metrics.json; an executor that says nothing is named by its class."""
-    said = getattr(executor, "describe", None)
-    return dict(said()) if callable(said) else {"executor": type(executor).__name__}
 
 
 class Engine:
@@ -307,7 +300,8 @@ class Engine:
         transfers = self.counters.transfers
         plan = self.planner.plan(self.timer)
         if not plan.rows:
-            return self._idle()
+            self._idle()
+            return None
         batch = self.builder.build(plan, self.output.newest, len(self.planner.waiting))
         self.timer.lap("build")
         result, ready_at = self._execute(batch)

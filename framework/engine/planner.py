@@ -24,13 +24,14 @@ from framework.api.guard import Guarded
 from framework.api.policy import EngineView, PolicyError, QueueView
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
-from framework.engine.counters import Counters, StepStats
+from framework.engine.counters import Counters
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import InvariantError
 from framework.engine.lookups import Lookups
 from framework.engine.phases import PhaseTimer
 from framework.engine.replica_handoffs import ReplicaHandOffs
 from framework.engine.sequence import Sequence, Status
+from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
 from framework.engine.view_factory import make_frozen
 
@@ -39,11 +40,11 @@ class Planner:
     def __init__(
         self,
         pool: BlockPool,
-        policies: Any,
+        policies: Any,  # Policies, each wrapped in its `Guarded` at run time
         limits: Any,
         counters: Counters,
         output: HeldTokens,
-        steps: list[StepStats],
+        steps: StepLog,
         clock: Clock,
     ) -> None:
         self.pending: deque[Sequence] = deque()  # not yet arrived, in arrival order

@@ -10,6 +10,7 @@ serialising with it, and a drain only waits for copies that are (usually) alread
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -26,20 +27,20 @@ class Pending:
 class Readback:
     def __init__(self, device: torch.device) -> None:
         self.overlap = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.overlap else None
+        self.stream = torch.cuda.Stream(device) if self.overlap else None  # type: ignore[no-untyped-call]
 
     def start(self, tokens: torch.Tensor | list[int]) -> Pending:
         """Begin moving one step's tokens home (a no-op where there is no second stream)."""
         if not self.overlap or isinstance(tokens, list):
             return Pending(tokens)
         assert self.stream is not None
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ready.record()  # after the sampler on the compute stream
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             host.copy_(tokens, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         tokens.record_stream(self.stream)
         return Pending(tokens, host, done)
@@ -49,7 +50,7 @@ class Readback:
         if not pending:
             return []
         if isinstance(pending[0].tokens, list):  # host values already: no device, no copy
-            return [t for p in pending for t in p.tokens]  # type: ignore[union-attr]
+            return [t for p in pending for t in p.tokens]
         if self.overlap:
             values: list[int] = []
             for p in pending:
@@ -57,5 +58,7 @@ class Readback:
                 p.done.synchronize()
                 values.extend(p.host.tolist())
             return values
-        flat = torch.cat([p.tokens for p in pending]) if len(pending) > 1 else pending[0].tokens
-        return flat.tolist()
+        tensors = cast(list[torch.Tensor], [p.tokens for p in pending])  # on the device, all
+        flat = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+        values = flat.tolist()
+        return values

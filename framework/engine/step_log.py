@@ -183,7 +183,8 @@ def stats_of(row: np.ndarray) -> StepStats:
     values = row.tolist()
     for i in INT_COLUMNS:
         values[i] = int(values[i])
-    return StepStats(*values[:_FIELDS], phase_s=dict(zip(PHASES, values[_FIELDS:], strict=True)))
+    phases = dict(zip(PHASES, values[_FIELDS:], strict=True))
+    return StepStats(*values[:_FIELDS], phase_s=phases)  # type: ignore[misc]  # _FIELDS: the rest
 
 
 def merged(logs: Sequence[StepLog]) -> tuple[StepLog, list[int]]:

@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 
 from framework.api.faults import guard_hooks
 from framework.api.registry import registry
-from framework.engine.loop import Engine, describe
+from framework.engine.executor import describe
+from framework.engine.loop import Engine
 from framework.run.app import (
     RunInfo,
     abort,
