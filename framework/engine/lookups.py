@@ -54,7 +54,8 @@ class Lookups:
         self.cached_tokens(seq)
         if not self.cuts_prefills:
             return seq.step_tokens
-        return int(self.p.scheduler.chunk(view, seq, budget))
+        chunk: int = self.p.scheduler.chunk(view, seq, budget)
+        return chunk
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
         """`view.admits`: whether the pool can place `seq`'s blocks after this step's earlier
@@ -63,7 +64,8 @@ class Lookups:
         # Any free block serves a paged pool: the price was already held to `free_blocks`.
         if self.pool.layout != "paged" and not self.pool.would_place(self.price(seq), free_blocks):
             return False
-        return bool(self.p.allocator.admits(view, seq, free_blocks))
+        admitted: bool = self.p.allocator.admits(view, seq, free_blocks)
+        return admitted
 
     def price(self, seq: Sequence) -> int:
         """`view.blocks_to_admit`: the free blocks admitting `seq` takes, the allocator's
