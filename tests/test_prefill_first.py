@@ -4,6 +4,7 @@ those of any other schedule; a pause that breaks the contract is stopped by name
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -40,6 +41,36 @@ def test_prefills_run_alone_and_tokens_match_continuous(tiny: Any) -> None:
     assert all(st.rows == st.admitted for st in admitting)  # the new prompts alone
     # continuous mixes them: some step admits beside decode rows
     assert any(st.admitted and st.decode_rows for st in mixed.steps)
+
+
+def test_decode_steps_look_at_the_queue_once_a_run(tiny: Any) -> None:
+    """`scheduler.decode_steps=k` (vLLM's multi-step scheduling): after a step that admits
+    nothing, k decode steps run before the next admission; tokens are unchanged."""
+    model, tok = tiny
+    specs = random_specs(tok, 20, seed=6, prompt=(3, 30), output=(3, 20))  # all at t=0: the
+    # queue never empties before the last admission, so no run ends for want of rows
+    every = run_engine(make_cfg(*BASE, "scheduler=prefill_first"), model, tok, specs)
+    k = 4
+    runs = run_engine(
+        make_cfg(*BASE, "scheduler=prefill_first", f"scheduler.decode_steps={k}"), model, tok, specs
+    )
+    assert tokens(runs) == tokens(every)
+    assert summarize(runs)["requests_finished"] == len(specs)
+    admits = [i for i, st in enumerate(runs.steps) if st.admitted]
+    assert len(admits) < len([st for st in every.steps if st.admitted])
+    for before, after in pairwise(admits):
+        decodes = after - before - 1  # decode steps between two admitting steps
+        assert decodes == 0 or decodes >= k, (before, after)
+
+
+def test_decode_steps_below_one_is_refused(capsys: Any, tmp_path: Any) -> None:
+    from tests.helpers import assert_refused, cli
+
+    status, _, err = cli(
+        capsys, *BASE, "scheduler=prefill_first", "scheduler.decode_steps=0",
+        f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert_refused(status, err, "scheduler.decode_steps must be >= 1")
 
 
 class PausesAnAdmission(ContinuousScheduler):

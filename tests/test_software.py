@@ -161,6 +161,31 @@ def test_a_bad_field_is_named(edit: Any, says: str) -> None:
         SoftwareProfile.from_dict(data, where="test")
 
 
+def test_a_profile_on_a_base_restates_only_what_differs(tmp_path: Path) -> None:
+    """`base:` keeps every other number and its source; a restated number brings its own."""
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(profile_dict()))
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({
+        "format": "nanoserve-software/1", "base": str(base), "name": "child",
+        "overlap": {"mode": "multi_step", "steps": n(10)},
+        "host": {"per_row_s": {"value": 5e-3, "source": "restated for the test"}},
+    }))  # fmt: skip
+    p = SoftwareProfile.load(str(child))
+    assert (p.name, p.engine, p.overlap, p.multi_step) == ("child", "Test", "multi_step", 10)
+    assert p.host.per_row.value == 5e-3 and p.host.per_row.source == "restated for the test"
+    assert p.host.per_step == SoftwareProfile.load(str(base)).host.per_step
+    shipped = SoftwareProfile.load("vllm-0.6-multistep")
+    assert shipped.host == SoftwareProfile.load("vllm-0.6").host and shipped.multi_step == 10
+
+
+def test_a_profile_that_is_its_own_base_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml.safe_dump({"format": "nanoserve-software/1", "base": str(path)}))
+    with pytest.raises(SoftwareError, match="base must name another profile"):
+        SoftwareProfile.load(str(path))
+
+
 def run(capsys: Any, tmp: Path, *overrides: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
     status, _, err = cli(
         capsys, "model=tiny", "executor=simulated", "executor.hardware=a100-40gb",
@@ -227,5 +252,7 @@ def test_the_engine_check_runs(tmp_path: Path) -> None:
 
     engine_check.main(["--quick", "--out", str(tmp_path)])
     found = json.loads((tmp_path / "engine_check.json").read_text())
-    assert found and all(c["ratio"] > 0 and c["published"] > 0 for c in found)
+    assert len(found) == 3 and all(c["ratio"] > 0 and c["published"] > 0 for c in found)
+    for case in found:  # every side ran the profile it names, all its requests served
+        assert all(side["requests_per_s"] > 0 for side in case["sides"].values())
     assert "simulated, analytic" in (tmp_path / "engine_check.md").read_text()

@@ -79,6 +79,34 @@ def software_path(name: str) -> Path:
     )
 
 
+def read_profile(name: str, seen: tuple[str, ...] = ()) -> Any:
+    """A profile file's fields, over those of the profile it names as its `base` (a shipped
+    name or a path): an engine run with one setting changed (vLLM 0.6 with multi-step
+    scheduling on) states only what differs, and keeps every other number and its source."""
+    where = f"executor.software={seen[0] if seen else name}"
+    try:
+        data = yaml.safe_load(software_path(name).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise SoftwareError(f"{where}: {name} not readable ({exc})") from None
+    if not isinstance(data, dict) or "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or base in (*seen, name):
+        raise SoftwareError(f"{where}: base must name another profile; got {base!r}")
+    return merged(read_profile(base, (*seen, name)), data)
+
+
+def merged(base: Any, over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base` field by field; a `{value, source}` pair replaces its whole pair,
+    so a changed number never keeps the source of the number it replaced."""
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in over.items():
+        inner = out.get(key)
+        pair = isinstance(value, dict) and "value" in value
+        out[key] = merged(inner, value) if isinstance(value, dict) and not pair else value
+    return out
+
+
 @dataclass(frozen=True)
 class HostWork:
     """Scheduling and input preparation, before a step's launch."""
@@ -171,12 +199,7 @@ class SoftwareProfile:
 
     @classmethod
     def load(cls, name: str) -> SoftwareProfile:
-        path = software_path(name)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise SoftwareError(f"executor.software={name}: not readable ({exc})") from None
-        return cls.from_dict(data, where=f"executor.software={name}")
+        return cls.from_dict(read_profile(name), where=f"executor.software={name}")
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> SoftwareProfile:

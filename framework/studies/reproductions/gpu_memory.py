@@ -27,3 +27,16 @@ def gpu_bytes(hardware: str) -> float:
 def weight_bytes(model: str | Path, tp: int = 1, itemsize: int = FP16_BYTES) -> float:
     """One GPU's share of the model's weights under tensor parallelism `tp`."""
     return itemsize * shape(model).total_params / tp
+
+
+def kv_tokens(
+    model: str | Path, hardware: str, tp: int, utilization: float, itemsize: int = FP16_BYTES
+) -> int:
+    """The token slots an engine's KV pool holds when it takes `utilization` of each GPU's
+    memory and keeps the weights' share in it (vLLM's `gpu_memory_utilization`, SGLang's
+    `mem_fraction_static`): each of the `tp` GPUs holds its share of every token's K and V.
+    The peak activation memory the engines also set aside is not modelled, so this is an
+    upper bound. 0 when the weights leave nothing."""
+    free = utilization * gpu_bytes(hardware) - weight_bytes(model, tp, itemsize)
+    per_token = shape(model).kv_elements_per_token / tp * itemsize
+    return max(0, int(free // per_token))

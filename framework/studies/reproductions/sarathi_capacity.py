@@ -44,7 +44,7 @@ import numpy as np
 from framework.run.paths import ROOT
 from framework.studies.goodput_search import CapacityResult
 from framework.studies.reproductions.cells import Cell, PaperSetup
-from framework.studies.reproductions.gpu_memory import gpu_bytes, shape, weight_bytes
+from framework.studies.reproductions.gpu_memory import kv_tokens
 from framework.studies.reproductions.jobs import Job
 from framework.studies.reproductions.reproduction import Context, Outcome
 from framework.studies.reproductions.sarathi_figure import draw
@@ -166,9 +166,7 @@ def kv_blocks(model: Path = MISTRAL_7B, hardware: str = HARDWARE, tp: int = 1) -
     `gpu_memory_utilization` (0.85) of one GPU's memory less its share of the fp16 weights
     (`profile_num_available_blocks`; the peak activation memory it also subtracts is not
     modelled), each GPU holding its share of every token's K and V."""
-    free = MEMORY_UTILIZATION * gpu_bytes(hardware) - weight_bytes(model, tp, WEIGHT_BYTES)
-    per_token = shape(model).kv_elements_per_token / tp * WEIGHT_BYTES
-    blocks = int(free // (BLOCK_SIZE * per_token))
+    blocks = kv_tokens(model, hardware, tp, MEMORY_UTILIZATION, WEIGHT_BYTES) // BLOCK_SIZE
     if blocks < 1:
         raise ValueError(
             f"model.path={model}: its fp16 weights leave no KV memory on {hardware} x{tp} "
