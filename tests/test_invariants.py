@@ -148,9 +148,9 @@ def test_the_engine_gives_every_view_each_of_its_fields(tiny) -> None:
         make_cfg("model=tiny"), model, torch.device("cpu"), torch.float32, registry().pm.hook
     )
     seen: list[object] = []
-    real_view, real_output_view = engine.planner.view, engine.output.view
+    real_view, real_output_view = engine.planner.view, engine.held.view
     engine.planner.view = lambda *a, **k: seen.append(real_view(*a, **k)) or seen[-1]  # type: ignore[method-assign]
-    engine.output.view = lambda *a: seen.append(real_output_view(*a)) or seen[-1]  # type: ignore[method-assign]
+    engine.held.view = lambda *a: seen.append(real_output_view(*a)) or seen[-1]  # type: ignore[method-assign]
     engine.run(specs(), tok.eos_token_id)
     kinds = {type(v) for v in seen}
     assert kinds == {EngineView, OutputView}

@@ -316,6 +316,47 @@ def test_one_owner_of_the_queues() -> None:
     assert not stray, "queues moved outside the planner: " + "; ".join(stray)
 
 
+HELD_STATE = {"on_device", "handed", "finished", "kept", "log", "unread", "readback_s"}
+HELD_STATE |= {"device_timed"}
+
+
+def test_the_held_tokens_have_one_writer() -> None:
+    """`HeldTokens` alone changes what it holds (the steps on the device, the rows handed
+    off, the step's finished requests): an abort, a hand-off or a replica's loss asks it
+    through a method, so the tokens reach requests by one code path."""
+    stray = []
+    for path in (ROOT / "framework").rglob("*.py"):
+        if path == ROOT / "framework/engine/held.py" or "kernels" in path.parts:
+            continue
+
+        def held_state(e: ast.expr) -> bool:
+            return (
+                isinstance(e, ast.Attribute)
+                and e.attr in HELD_STATE
+                and ast.unparse(e.value).endswith("held")
+            )
+
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            for t in targets:
+                while isinstance(t, ast.Subscript):
+                    t = t.value
+                if held_state(t):
+                    stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS
+                and held_state(node.func.value)
+            ):
+                stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert not stray, "held tokens changed outside HeldTokens: " + "; ".join(stray)
+
+
 def test_one_release_path() -> None:
     """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
     abort and a hand-off's sent KV all call it, so freeing, emptying the table and setting

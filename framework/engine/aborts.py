@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 
 class Aborts:
-    def __init__(self, planner: Planner, output: HeldTokens, counters: Counters) -> None:
+    def __init__(self, planner: Planner, held: HeldTokens, counters: Counters) -> None:
         self.planner = planner
-        self.output = output
+        self.held = held
         self.counters = counters
         # Running requests to end at the start of the next step, with the reason.
         self.aborting: dict[Sequence, str] = {}
@@ -56,7 +56,7 @@ class Aborts:
         are announced with the step's finished requests."""
         aborting, self.aborting = self.aborting, {}
         planner = self.planner
-        if self.output.steps:  # the rows change: every held token reaches its request first
+        if self.held.count:  # the rows change: every held token reaches its request first
             planner.drain_all()
         for seq, reason in aborting.items():
             if seq.finished or seq not in planner.running:  # its held tokens finished it
@@ -64,7 +64,7 @@ class Aborts:
             planner.remove(seq)
             planner.release(seq, Status.RELEASED)
             self._end(seq, reason)
-            self.output.finished.append(seq)
+            self.held.announce(seq)
 
     def _end(self, seq: Sequence, reason: str) -> None:
         seq.status, seq.finish_reason = Status.RELEASED, reason

@@ -73,23 +73,22 @@ class HeldTokens:
         clock: Clock,
         counters: Counters,
         timer: PhaseTimer,
+        log: StepLog,
     ) -> None:
-        self.steps: list[HeldStep] = []
+        self.on_device: list[HeldStep] = []
         self.readback = readback
         self.costs = costs
         self.clock = clock
         self.counters = counters
         self.timer = timer  # a simulator's predicted readbacks and waits are charged to it
-        # A readback's seconds as the executor predicts them (a simulator: it does none);
-        # None: timed as it happens. Set when a run starts.
-        self.readback_s: float | None = None
+        self.readback_s: float | None = None  # `price_readbacks`
         # Requests whose part here is done though they owe more tokens (a prefill replica's,
         # after their first token), each with its step's forward seconds: the engine takes
         # them out of the running rows, their blocks still held, to be handed off.
         self.handed: list[tuple[Sequence, float]] = []
-        # The step log each step's row joins (set by the engine), and the device spans not
-        # read yet, oldest first: (the step's index in the log, its held step, the span).
-        self.log: StepLog | None = None
+        # The step log each step's row joins, and the device spans not read yet, oldest
+        # first: (the step's index in the log, its held step, the span).
+        self.log = log
         self.unread: deque[tuple[int, HeldStep, Span]] = deque()
         self.device_timed = False  # a span has been read: the forward seconds are the device's
         self.begin_step()
@@ -103,9 +102,43 @@ class HeldTokens:
         """This step's tokens kept and requests finished, over all its drains."""
         return self.kept, self.finished
 
+    def price_readbacks(self, seconds: float | None) -> None:
+        """A readback's seconds as the executor predicts them, for a simulator that does
+        none (None: each is timed as it happens). Said once, when a run starts."""
+        self.readback_s = seconds
+
+    def take_handed(self) -> list[tuple[Sequence, float]]:
+        """The rows the drains found done here though they owe more tokens, each with its
+        step's forward seconds, for the planner to hand off; none are left."""
+        handed, self.handed = self.handed, []
+        return handed
+
+    def announce(self, seq: Sequence) -> None:
+        """`seq` ended this step other than by a token (an abort, a stop string): it is
+        announced with the requests the drains finished."""
+        self.finished.append(seq)
+
+    def lose_all(self) -> int:
+        """Every held step is lost with its device (a replica's failure): never read back,
+        its tokens reach no request. Returns the tokens lost."""
+        lost = 0
+        for held in self.on_device:
+            for seq, discard in zip(held.rows, held.discard, strict=True):
+                if not discard:
+                    seq.num_held -= 1
+            lost += held.kept_rows
+        self.counters.held_tokens -= lost
+        self.on_device.clear()
+        return lost
+
+    @property
+    def count(self) -> int:
+        """Steps whose tokens are still on the device."""
+        return len(self.on_device)
+
     @property
     def newest(self) -> HeldStep | None:
-        return self.steps[-1] if self.steps else None
+        return self.on_device[-1] if self.on_device else None
 
     def hold(
         self,
@@ -118,9 +151,9 @@ class HeldTokens:
         """A step's sampled tokens join the held steps; their copy home starts now."""
         pending = self.readback.start(result.tokens)
         held = HeldStep(rows, discard, pending, window, at, result.forward_s)
-        self.steps.append(held)
+        self.on_device.append(held)
         if result.span is not None:
-            self.unread.append((len(self.log) if self.log is not None else 0, held, result.span))
+            self.unread.append((len(self.log), held, result.span))
         self.counters.deferred_tokens += held.kept_rows
         self.counters.held_tokens += held.kept_rows
 
@@ -129,7 +162,7 @@ class HeldTokens:
         return make_frozen(
             OutputView,
             step=step,
-            held_steps=len(self.steps),
+            held_steps=len(self.on_device),
             running=tuple(running),
             transfer_s=self.costs.transfer_s,
             row_s=self.costs.row_s,
@@ -137,15 +170,15 @@ class HeldTokens:
 
     def drain_all(self) -> None:
         """Every held token home and given to its request: the rows are about to change."""
-        if self.steps:
-            self.apply(self.drain(len(self.steps)))
+        if self.on_device:
+            self.apply(self.drain(len(self.on_device)))
 
     def drain(self, n: int) -> Drained:
         """The `n` oldest held steps home in one concatenation and one transfer: each step
         with its rows' values, for `apply`."""
-        if n <= 0 or not self.steps:
+        if n <= 0 or not self.on_device:
             return []
-        out_steps, self.steps = self.steps[:n], self.steps[n:]
+        out_steps, self.on_device = self.on_device[:n], self.on_device[n:]
         t = time.perf_counter()
         values = self.readback.fetch([h.pending for h in out_steps])
         if self.readback_s is None:
@@ -177,14 +210,13 @@ class HeldTokens:
         drained steps' spans are done: their copies home, queued on the device after them,
         have been waited for."""
         unread, log = self.unread, self.log
-        now = len(log) if log is not None else 0  # the step being timed: not logged yet
+        now = len(log)  # the step being timed: not logged yet
         while unread and (parts := unread[0][2].parts()) is not None:
             step, held, span = unread.popleft()
             held.forward_s = parts[0]  # a layer-wise hand-off overlaps the device's layers
             if span.decode_rows:  # the cost of a decode row, from the device's seconds
                 self.costs.observe_forward(span.decode_rows, parts[0])
             if step < now:
-                assert log is not None
                 log.set_phases(step, device_phases(log[step].phase_s, parts))
             else:
                 self.timer.phases.update(device_phases(self.timer.phases, parts))

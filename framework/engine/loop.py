@@ -119,12 +119,14 @@ class Engine:
         self.costs = MeasuredCosts()
         self.timer = PhaseTimer()
         self.readback = Readback(device or torch.device("cpu"))
-        self.output = HeldTokens(self.readback, self.costs, self.clock, self.counters, self.timer)
-        self.output.log = self.steps  # a step's device seconds reach its row when drained
-        self.planner = Planner(
-            pool, self.p, limits, self.counters, self.output, self.steps, self.clock
+        # a step's device seconds reach its row of the step log when drained
+        self.held = HeldTokens(
+            self.readback, self.costs, self.clock, self.counters, self.timer, self.steps
         )
-        self.aborts = Aborts(self.planner, self.output, self.counters)
+        self.planner = Planner(
+            pool, self.p, limits, self.counters, self.held, self.steps, self.clock
+        )
+        self.aborts = Aborts(self.planner, self.held, self.counters)
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
         # Prefill/decode disaggregation, set by a cluster for a `prefill` replica: the
         # output tokens it generates of each request before handing it off (1: the first).
@@ -180,7 +182,7 @@ class Engine:
         # A prompt's cache slots are a list as long as the prompt; an executor that reads the
         # rows' shapes only (the simulator) says so, and the build skips mapping them.
         self.builder.map_slots = getattr(self.executor, "reads_slots", True)
-        self.output.readback_s = getattr(self.executor, "readback_s", None)
+        self.held.price_readbacks(getattr(self.executor, "readback_s", None))
         # A scheduler that keeps a default is not asked for it: a view a step fewer.
         self.planner.displaces = overrides(self.p.scheduler, Scheduler, "displace")
         self.planner.pauses = overrides(self.p.scheduler, Scheduler, "pause")
@@ -230,7 +232,7 @@ class Engine:
         """The result, after the books are checked whole (`check_end`)."""
         result = self.partial_result()
         if self.check_invariants:
-            check_end(self.seqs, self.pool, self.counters, self.output.steps)
+            check_end(self.seqs, self.pool, self.counters, self.held.on_device)
         return result
 
     def partial_result(self) -> RunResult:
@@ -245,7 +247,7 @@ class Engine:
             self.pool.peak_used,
             self.pool.num_blocks,
             clock=self.clock.name,
-            executor=describe(self.executor) | self.output.settle(),  # spans left unread, read
+            executor=describe(self.executor) | self.held.settle(),  # spans left unread, read
         )
 
     # ---- ends from outside, and a cluster's hand-offs ---------------------------------
@@ -293,7 +295,7 @@ class Engine:
     # ---- one step --------------------------------------------------------------------
     def step(self) -> StepStats | None:
         self.timer.start()
-        self.output.begin_step()
+        self.held.begin_step()
         self.planner.arrive(self.now())
         if self.aborts.aborting:
             self.aborts.end_running()
@@ -302,11 +304,11 @@ class Engine:
         if not plan.rows:
             self._idle()
             return None
-        batch = self.builder.build(plan, self.output.newest, len(self.planner.waiting))
+        batch = self.builder.build(plan, self.held.newest, len(self.planner.waiting))
         self.timer.lap("build")
         result, ready_at = self._execute(batch)
         wasted, states = self.update_from_output(plan, batch, result, ready_at)
-        kept, finished = self.output.take()
+        kept, finished = self.held.take()
         self._notify(finished)
         stats = self._stats(batch, plan, kept, wasted, transfers)
         if self.planner.pauses:  # rows sat out: every running row's states, not the forward's
@@ -325,7 +327,7 @@ class Engine:
         """Nothing runs this step: a scheduler that admits no one while requests wait and
         none is still to arrive would stall the run forever (unless blocks held for KV
         transfers, which will be freed, are what keeps them out)."""
-        self._notify(self.output.take()[1])
+        self._notify(self.held.take()[1])
         q = self.planner
         if q.waiting and not q.pending and not q.handoffs:
             raise self._fail(
@@ -382,15 +384,15 @@ class Engine:
         counters.token_slots += batch.sampling_rows
         counters.prefill_tokens += batch.prefill_tokens
         counters.prefill_chunks += len(batch.rows) - batch.decode_rows
-        output = self.output
-        output.hold(rows, unkept, result, self.p.output.window(), ready_at)
-        held = len(output.steps)
-        keep = self.p.output.keep(output.view(len(self.steps), rows))
+        tokens = self.held
+        tokens.hold(rows, unkept, result, self.p.output.window(), ready_at)
+        held = tokens.count
+        keep = self.p.output.keep(tokens.view(len(self.steps), rows))
         if not 0 <= keep <= held:
             raise self._fail("output", f"asked to keep {keep} of {held} held steps")
-        drained = output.drain(held - keep)
+        drained = tokens.drain(held - keep)
         self.timer.lap("output")
-        output.apply(drained)
+        tokens.apply(drained)
         self.timer.lap("apply")
         self.planner.hand_off()
         return wasted, states
@@ -417,7 +419,7 @@ class Engine:
             waiting=len(self.planner.waiting),
             blocks_in_use=self.pool.num_used,
             transfers=self.counters.transfers - transfers,
-            held_steps=len(self.output.steps),
+            held_steps=self.held.count,
             window=self.p.output.window(),  # after `keep`, which may have moved it
             phase_s=self.timer.phases,
         )
@@ -429,7 +431,7 @@ class Engine:
             parked=self.planner.handoffs.parked(),
             pool=self.pool,
             counters=self.counters,
-            held_steps=len(self.output.steps),
+            held_steps=self.held.count,
             window=window,
             output_name=self.p.names.get("output", "?"),
             max_num_seqs=self.limits.max_num_seqs,

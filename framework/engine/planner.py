@@ -43,7 +43,7 @@ class Planner:
         policies: Any,  # Policies, each wrapped in its `Guarded` at run time
         limits: Any,
         counters: Counters,
-        output: HeldTokens,
+        held: HeldTokens,
         steps: StepLog,
         clock: Clock,
     ) -> None:
@@ -54,7 +54,7 @@ class Planner:
         self.p = policies
         self.limits = limits
         self.counters = counters
-        self.output = output
+        self.held = held
         self.steps = steps
         # Nothing here refers back to the engine: an engine is freed (its KV cache with it)
         # as soon as its last reference goes, not at the garbage collector's next pass.
@@ -178,21 +178,20 @@ class Planner:
     # ---- held tokens home, and hand-offs (prefill/decode disaggregation) -------------
     def drain_all(self) -> None:
         """Every held token home; a request whose part here that ends leaves the rows."""
-        self.output.drain_all()
+        self.held.drain_all()
         self.hand_off()
 
     def hand_off(self) -> None:
         """Rows whose part here is done though they owe more tokens (`HeldTokens.handed`)
         leave the running rows, their blocks still held, for the cluster to move: a
         hand-off is not an eviction, so no scheduler is asked."""
-        handed = self.output.handed
+        handed = self.held.take_handed()
         if not handed:
             return
         now = self.now()
         for seq, forward_s in handed:
             self.running.remove(seq)
             self.handoffs.send(seq, now, forward_s)
-        handed.clear()
 
     def join_landed(self) -> None:
         """Requests whose KV has landed join the running rows as decode rows while a row is
@@ -217,7 +216,7 @@ class Planner:
         else:
             return 0
         evict = self.p.scheduler.evict(self.view())
-        if evict and self.output.steps:
+        if evict and self.held.count:
             self.drain_all()
             evict = self.p.scheduler.evict(self.view())
         for seq in evict:
@@ -271,7 +270,7 @@ class Planner:
             short = sum(n for _, n in need) - self.pool.num_free
             if short <= 0:
                 break
-            if self.output.steps:  # the rows are about to change: every held token home first
+            if self.held.count:  # the rows are about to change: every held token home first
                 self.drain_all()
                 continue
             victims = self.p.preemption.victims(self.view(), short)
@@ -296,7 +295,7 @@ class Planner:
         if not self.displaces:
             return 0
         victims = self.p.scheduler.displace(self.view())
-        if victims and self.output.steps:  # rows change: held tokens home first, ask again
+        if victims and self.held.count:  # rows change: held tokens home first, ask again
             self.drain_all()
             victims = self.p.scheduler.displace(self.view())
         for v in victims:

@@ -30,17 +30,11 @@ def lose_replica(planner: Planner) -> list[Sequence]:
     leaves it, lost, and its copies to re-route are returned, oldest arrival first.
     Finished rows a static batch still keeps are released as finished (their clients have
     every token)."""
-    output, counters = planner.output, planner.counters
+    counters = planner.counters
     if planner.handoffs:
         raise InvariantError("a replica holding KV hand-offs cannot fail (cluster.roles)")
     now = planner.now()
-    for held in output.steps:  # sampled on the device, never read back: lost with it
-        for seq, discard in zip(held.rows, held.discard, strict=True):
-            if not discard:
-                seq.num_held -= 1
-        counters.held_tokens -= held.kept_rows
-        counters.lost_tokens += held.kept_rows
-    output.steps.clear()
+    counters.lost_tokens += planner.held.lose_all()  # sampled on the device, never read back
     lost: list[Sequence] = []
     for seq in planner.empty():
         if seq.status in (Status.WAITING, Status.PENDING):  # it holds nothing
