@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from framework.engine.outages import parse_outages
+from framework.cluster.outages import parse_outages
 from framework.engine.sequence import Status
 from framework.run.summary import summarize
 from framework.tracking.plots import save_run_plots

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -29,13 +30,15 @@ MAY_IMPORT = {
     "api": {"engine"},  # the contract names the engine's state a plugin reads
     "workloads": {"engine"},
     "engine": {"api"},
+    # a cluster of engines behind a router: one engine knows nothing of it
+    "cluster": {"api", "engine"},
     "executors": {"engine"},
     "tracking": set(),  # MLflow, progress and plots read files and configs, not the engine
-    "run": {"api", "engine", "executors", "workloads", "tracking"},
+    "run": {"api", "engine", "cluster", "executors", "workloads", "tracking"},
     "serve": {"api", "engine", "executors", "workloads", "tracking", "run"},  # a run, online
     # runs, sweeps and searches, compared; a reproduction builds its workloads once and reads
     # the simulated GPU's specs and model shapes its set-up is stated in
-    "studies": {"api", "engine", "executors", "workloads", "run", "tracking"},
+    "studies": {"api", "engine", "cluster", "executors", "workloads", "run", "tracking"},
     "calibration": {"engine", "executors", "workloads", "run", "tracking"},  # writes profiles
 }
 
@@ -447,3 +450,60 @@ def test_no_private_field_is_read_outside_its_class() -> None:
                 continue
             found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "private fields read from outside: " + "; ".join(found)
+
+
+def layout_block() -> list[str]:
+    """The lines of docs/architecture.md's layout block (the fenced block under
+    '## Layout by job')."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Layout by job", 1)[1]
+    return section.split("```", 2)[1].splitlines()
+
+
+def test_the_architecture_layout_names_every_module_and_no_other() -> None:
+    """Each module directly in a framework/ job folder is named in its folder's part of the
+    layout (`name.py`, or a `prefix*.py` for a family), each name there is a file of that
+    folder, and each subfolder it names exists: the page describes the tree as it is."""
+    parts: dict[str, list[str]] = {}
+    job = None
+    for line in layout_block():
+        head = line[:23].strip()
+        if line.startswith("  ") and not line.startswith("    ") and head.endswith("/"):
+            job = head.rstrip("/") if (ROOT / "framework" / head).is_dir() else None
+            parts[job or ""] = [line]
+            continue
+        if not line.startswith("    ") and line.strip() and not line.startswith("  "):
+            job = None  # a top-level entry (plugins/, conf/, ...)
+        if job is not None:
+            parts[job].append(line)
+    parts.pop("", None)
+    problems = []
+    for name in sorted(p.name for p in (ROOT / "framework").iterdir() if p.is_dir()):
+        if name == "__pycache__":
+            continue
+        text = "\n".join(parts.get(name, []))
+        folder = ROOT / "framework" / name
+        named = set(re.findall(r"\b([a-z_0-9]+\*?)\.py\b", text))
+        families = [n[:-1] for n in named if n.endswith("*")]
+        for f in sorted(folder.glob("*.py")):
+            stem = f.stem
+            if (
+                stem != "__init__"
+                and stem not in named
+                and not any(stem.startswith(fam) for fam in families)
+            ):
+                problems.append(f"framework/{name}/{f.name} is not in the layout")
+        for n in sorted(named):
+            if n.endswith("*") or (ROOT / f"{n}.py").exists():  # a family; run.py, serve.py
+                continue
+            where = [folder, *(folder / d for d in subfolders(folder))]
+            if not any((f / f"{n}.py").exists() for f in where):
+                problems.append(f"the layout names {name}/{n}.py, which does not exist")
+        for sub in re.findall(r"^\s{4}([a-z_]+)/", text, flags=re.M):
+            if not (folder / sub).is_dir():
+                problems.append(f"the layout names {name}/{sub}/, which does not exist")
+    assert not problems, "; ".join(problems)
+
+
+def subfolders(folder: Path) -> list[str]:
+    return [d.name for d in folder.iterdir() if d.is_dir() and d.name != "__pycache__"]

@@ -12,7 +12,8 @@ preempting pool, the prefix cache with chunked prefill and a deferred window, pr
 displacement, chunked prefill with recomputation under a deferred window, SJF with a
 deferred window and worst-case reservations, a simulated disaggregated cluster (hand-offs and
 their releases), a Mooncake trace slice on the prefix cache, alone and on a three-replica
-cluster behind the prefix-aware router, and the server's tokens for a fixed set of requests.
+cluster behind the prefix-aware router, a replica's failure with tokens held on its device
+(its requests re-routed), and the server's tokens for a fixed set of requests.
 Times are not compared (they are this machine's). Writes `same_behaviour.md`; exits 1 when
 any case differs, naming the first difference.
 """
@@ -92,6 +93,15 @@ CASES: dict[str, list[str]] = {
         "allocator=prefix_cache",
         "scheduler=lpm",
         "engine.block_size=16",
+    ],
+    "failover": [  # a replica lost with tokens held on its device, its requests re-routed
+        "executor=simulated",
+        "executor.host_time=model",  # the clock the failure is timed on: no measured seconds
+        "workload=chat",
+        "cluster.replicas=3",
+        "cluster.faults=[{replica: 1, down_at_s: 0.003, up_at_s: 0.006}]",
+        "output=deferred",
+        "window=2",
     ],
     "sjf_deferred_worst_case": [  # deferred, not adaptive: the adaptive window reads times
         "workload=chat",

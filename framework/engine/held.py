@@ -52,7 +52,7 @@ class HeldStep:
     # from the host (`VirtualClock.overlap`); unread otherwise.
     ready_at: float = 0.0
     # The step's forward seconds: a layer-wise KV transfer of a request handed off from
-    # this step overlaps its layers (`framework.engine.handoff`).
+    # this step overlaps its layers (`framework.cluster.handoffs`).
     forward_s: float = 0.0
 
     @property

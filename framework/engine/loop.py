@@ -51,9 +51,6 @@ from framework.engine.step_plan import StepPlan
 if TYPE_CHECKING:
     from collections import deque
 
-    from framework.engine.link import TransferRecord
-    from framework.engine.outages import OutageRecord
-
 
 @dataclass
 class RunResult:
@@ -68,21 +65,6 @@ class RunResult:
     num_blocks: int
     clock: str = "wall"  # which clock the times are on: "wall" or "virtual"
     executor: dict[str, str] = field(default_factory=dict)  # what produced the steps
-    # A cluster's result, its replicas' merged: which replica served each request (by id)
-    # and ran each step, and each replica's own result. None for one engine.
-    replica_of: dict[str, int] | None = None
-    step_replicas: list[int] | None = None
-    replicas: list[RunResult] | None = None
-    # A cluster with replica roles: each replica's; with prefill replicas also each handed
-    # off request's decode replica, every KV transfer, and the link they crossed.
-    roles: list[str] | None = None
-    decode_of: dict[str, int] | None = None
-    transfers: list[TransferRecord] | None = None
-    link: dict[str, Any] | None = None
-    # A cluster's: each request's replicas in placement order (more than one after a
-    # failure took it), and the outages as they happened (`cluster.faults`; None without).
-    replicas_of: dict[str, list[int]] | None = None
-    outages: list[OutageRecord] | None = None
 
 
 class Engine:

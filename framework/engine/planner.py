@@ -9,10 +9,10 @@ books ask it to move what they end or send.
 
 The policies decide each part of a step's plan through a view; the planner checks every
 decision against the contract and the budgets, then applies it: blocks freed and allocated,
-requests moved between the queues. Its result, a `StepPlan`, is all the batch build reads.
-Whenever the rows are about to change, every held token comes home first (`drain_all`).
-A view's questions (a chunk, a prefix lookup, the allocator's veto) are answered by
-`Lookups`, which holds no queue.
+requests moved between the queues. Its result, a `StepPlan` made once at the end, is all the
+batch build reads. Whenever the rows are about to change, every held token comes home first
+(`drain_all`). A view's questions (a chunk, a prefix lookup, the allocator's veto) are
+answered by `Lookups`, which holds no queue.
 """
 
 from __future__ import annotations
@@ -77,24 +77,26 @@ class Planner:
 
     # ---- the plan --------------------------------------------------------------------
     def plan(self, timer: PhaseTimer) -> StepPlan:
-        plan = StepPlan()
-        plan.evicted = self.evict()
+        """The step's decisions, each applied as made; the plan built once from their returns."""
+        evicted = self.evict()
         if self.handoffs.landed:
             self.join_landed()
         timer.lap("schedule")
-        plan.preempted = self.grow()
+        preempted = self.grow()
         timer.lap("allocate")
-        plan.preempted += self.displace()
-        admitted, plan.partial = self.choose()
+        preempted += self.displace()
+        admitted, partial = self.choose()
         timer.lap("schedule")
-        self.admit(admitted, plan.cache_hits)
+        cache_hits = self.admit(admitted)
         timer.lap("allocate")
-        plan.admitted = len(admitted)
-        plan.rows = self.unpaused(admitted, plan.partial) if self.pauses else list(self.running)
-        plan.paused = len(self.running) - len(plan.rows)
-        return plan
+        rows = self.unpaused(admitted) if self.pauses else list(self.running)
+        paused = len(self.running) - len(rows)
+        if paused:  # the paused rows compute nothing this step
+            kept = set(map(id, rows))
+            partial = {s: n for s, n in partial.items() if id(s) in kept}
+        return StepPlan(rows, partial, cache_hits, evicted, preempted, len(admitted), paused)
 
-    def unpaused(self, admitted: list[Sequence], partial: dict[Sequence, int]) -> list[Sequence]:
+    def unpaused(self, admitted: list[Sequence]) -> list[Sequence]:
         """The running rows less those the scheduler pauses for this step (checked)."""
         paused = self.p.scheduler.pause(self.view(), admitted)
         if not paused:
@@ -111,8 +113,6 @@ class Planner:
         if any(s.num_held for s in paused):  # the paused rows' held tokens come home first
             self.drain_all()
             rows = [s for s in self.running if id(s) not in out]
-        for seq in paused:
-            partial.pop(seq, None)
         return rows
 
     # ---- the queues ------------------------------------------------------------------
@@ -210,10 +210,7 @@ class Planner:
         """Release the finished rows the scheduler names. Their held tokens come home first
         (the rows change), which may reveal more finished rows: the scheduler is asked again.
         It is asked only when a row has finished: with none, there is nothing it may name."""
-        for s in self.running:
-            if s.finished:
-                break
-        else:
+        if not any(s.finished for s in self.running):
             return 0
         evict = self.p.scheduler.evict(self.view())
         if evict and self.held.count:
@@ -410,9 +407,10 @@ class Planner:
                 partial[seq] = n
         return partial, tokens
 
-    def admit(self, admit: list[Sequence], cache_hits: dict[Sequence, int]) -> None:
-        """The chosen requests join the running rows, with their blocks; each one's cached
-        tokens found (under a prefix cache) go into `cache_hits`."""
+    def admit(self, admit: list[Sequence]) -> dict[Sequence, int]:
+        """The chosen requests join the running rows, with their blocks; returns the cached
+        tokens each found (a prefix cache's), which its forward reads and does not compute."""
+        cache_hits: dict[Sequence, int] = {}
         if admit:  # the rows change: held tokens must reach their requests first
             self.drain_all()
         # Every admission's cached blocks are taken before any fresh block is handed out:
@@ -447,3 +445,4 @@ class Planner:
             if seq.admitted_at is None:
                 seq.admitted_at = self.now()
             self.join(seq)
+        return cache_hits

@@ -1,5 +1,5 @@
 """A replica's books of prefill/decode disaggregation: the requests that hold blocks here
-outside the running rows while a cluster moves their KV (`framework.engine.handoff`).
+outside the running rows while a cluster moves their KV (`framework.cluster.handoffs`).
 
 On its prefill replica a request is handed off after its first token (`send`), its blocks
 held until its KV has gone (`sent`, then the planner releases them); on its decode replica

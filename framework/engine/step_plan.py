@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from framework.engine.sequence import Sequence
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepPlan:
-    """One step's plan: everything the batch build reads, and what planning did.
+    """One step's plan: everything the batch build reads, and what planning did. Made once,
+    when the planning is done, and never changed after (frozen).
 
     `rows` are the forward's rows in order. Each computes `tokens(seq)` tokens: all it has
     pending (`step_tokens`; a finished row of a static batch, one), or, for a row cut short

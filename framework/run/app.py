@@ -16,12 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from framework.api.faults import guard_hooks
 from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
+from framework.cluster.outages import parse_outages
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, VirtualClock, WallClock
 from framework.engine.contiguous_pool import ContiguousPool
+from framework.engine.executor import Executor
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, RunResult
-from framework.engine.outages import parse_outages
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.request import RequestSpec
 from framework.engine.settings import Limits, Policies
@@ -121,12 +122,19 @@ def on_ray(cfg: DictConfig) -> bool:
     return cfg.get("cluster") is not None and cfg.cluster.backend == "ray"
 
 
+def tiny_fields(node: DictConfig) -> dict[str, Any]:
+    """`model.tiny`'s fields as keyword arguments (a mapping node, as its schema makes it)."""
+    fields = OmegaConf.to_container(node)
+    assert isinstance(fields, dict)
+    return {str(k): v for k, v in fields.items()}
+
+
 def load(cfg: DictConfig, weights: bool = True) -> tuple[Any, Any, torch.device, torch.dtype]:
     """(model, tokenizer, device, dtype) for a config; the slow part, reusable across runs.
     Without `weights` (a simulation, or replicas that load their own), the model's shape."""
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype)
-    tiny = TinySpec(**OmegaConf.to_container(cfg.model.tiny)) if "tiny" in cfg.model else None
+    tiny = TinySpec(**tiny_fields(cfg.model.tiny)) if "tiny" in cfg.model else None
     if is_simulated(cfg) or not weights:  # the shape and tokenizer, no weights; on the host
         config, tokenizer = load_model_config(
             cfg.model.source, cfg.model.path, cfg.model.cache_dir, tiny
@@ -185,6 +193,7 @@ def build_engine(
         pool = BlockPool(num_blocks, e.block_size)
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
+    executor: Executor
     if is_simulated(cfg):  # no KV tensors: the scratch block is only a number
         executor, clock = build_simulated(cfg, model, say)
         scratch = num_blocks

@@ -1,5 +1,5 @@
 """A cluster run (`cluster.replicas` > 1): its engines and router built from the run's config,
-run as one replay (`framework.engine.cluster`), and the replicas' results merged into one
+run as one replay (`framework.cluster.group`), and the replicas' results merged into one
 `RunResult` whose totals sit under the same keys as one engine's.
 
 Merging: requests in the workload's order, steps in time order (each with its replica),
@@ -20,11 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.api.registry import registry
 from framework.api.router import Router
-from framework.engine.cluster import Cluster, ClusterResult
+from framework.cluster.group import Cluster, ReplicaResults
+from framework.cluster.handoffs import Disaggregation
+from framework.cluster.outages import Outage
+from framework.cluster.result import ClusterResult
 from framework.engine.counters import Counters
-from framework.engine.handoff import HandOffs
 from framework.engine.loop import Engine, RunResult
-from framework.engine.outages import Outage
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog, merged
@@ -49,7 +50,7 @@ class ClusterRunner:
         name: str,
         provider: str,
         roles: list[str] | None = None,
-        handoffs: HandOffs | None = None,
+        handoffs: Disaggregation | None = None,
         link: dict[str, Any] | None = None,
         outages: list[Outage] | None = None,
     ) -> None:
@@ -67,7 +68,7 @@ class ClusterRunner:
 
 
 def merge(
-    result: ClusterResult, specs: list[RequestSpec], link: dict[str, Any] | None = None
+    result: ReplicaResults, specs: list[RequestSpec], link: dict[str, Any] | None = None
 ) -> RunResult:
     """The replicas' results as one `RunResult` (see the module's note)."""
     parts = result.replicas
@@ -87,7 +88,7 @@ def merge(
     # What the replicas say of their clock and executor: a live one's (a Ray replica lost
     # has no books, and stands in with none of its steps).
     first = next((r for r in parts if r.executor), parts[0])
-    return RunResult(
+    return ClusterResult(
         seqs,
         steps,
         counters,

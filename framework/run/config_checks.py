@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.engine.outages import parse_outages
+from framework.cluster.outages import parse_outages
 from framework.executors.decode_graphs import graphs_setting
 from framework.executors.kernel_choice import FLEX_KEYS, setting
 from framework.executors.model_loader import TinySpec
@@ -84,7 +84,7 @@ def check_unknown_keys(cfg: Any) -> None:
         if not isinstance(node, DictConfig):
             continue
         allowed = _fields(schema)
-        unknown = [k for k in node if k not in allowed]
+        unknown = [str(k) for k in node if k not in allowed]
         if unknown:
             where = f"{path}.{unknown[0]}" if path else str(unknown[0])
             group = f"the {path} group" if path else "the top level"

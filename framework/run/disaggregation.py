@@ -1,6 +1,6 @@
 """A disaggregated cluster's parts from the run's config: the replicas' roles, the decode
 router (`router.decode`), the link (`cluster.link`, `cluster.link_gbps`,
-`cluster.link_latency_us`) and what a token's KV weighs on it (`framework.engine.handoff`)."""
+`cluster.link_latency_us`) and what a token's KV weighs on it (`framework.cluster.handoffs`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from framework.api.registry import registry
-from framework.engine.handoff import HandOffs, KVShape
-from framework.engine.link import Link
+from framework.cluster.handoffs import Disaggregation, KVShape
+from framework.cluster.link import Link
 from framework.engine.loop import Engine
 from framework.executors.simulated.links import link_spec
 from framework.run.roles import cluster_roles
@@ -74,7 +74,7 @@ def decode_router(cfg: DictConfig) -> tuple[Any, str, str]:
 
 def build_handoffs(
     cfg: DictConfig, engines: list[Engine], model: Any, dtype: torch.dtype
-) -> tuple[list[str] | None, HandOffs | None]:
+) -> tuple[list[str] | None, Disaggregation | None]:
     """The replicas' roles (None: the plain cluster) and, with prefill replicas, what
     moves their requests to the decode replicas."""
     roles = cluster_roles(cfg.cluster)
@@ -82,7 +82,7 @@ def build_handoffs(
         return roles, None
     router, name, provider = decode_router(cfg)
     link = link_setting(cfg)
-    moves = HandOffs(
+    moves = Disaggregation(
         engines,
         roles,
         router,

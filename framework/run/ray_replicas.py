@@ -36,10 +36,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from framework.api.router import ClusterView, Router
-from framework.engine.cluster import ClusterResult, check_served_once, route
+from framework.cluster.group import ReplicaResults, check_served_once, route
+from framework.cluster.outages import Outage, OutageRecord, parse_outages
 from framework.engine.counters import Counters
 from framework.engine.loop import RunResult
-from framework.engine.outages import Outage, OutageRecord, parse_outages
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog
@@ -123,10 +123,14 @@ class RayRunner:
             ) from None
         self.ray = ray
         self.router, self.name, self.provider = router, name, provider
-        self.actor_cls = ray.remote(num_cpus=1)(ReplicaActor)
+        # Ray's handles proxy each actor method as an object with `.remote`, which its type
+        # stubs cannot state: the handles are typed Any.
+        self.actor_cls: Any = ray.remote(num_cpus=1)(ReplicaActor)
         self.config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
         self.builders = builders
-        self.actors = [self.actor_cls.remote(self.config_yaml, *builders) for _ in range(replicas)]
+        self.actors: list[Any] = [
+            self.actor_cls.remote(self.config_yaml, *builders) for _ in range(replicas)
+        ]
         self.max_num_seqs = int(cfg.engine.max_num_seqs)
         self.replica_of: dict[str, int] = {}
         self.first: dict[str, int] = {}  # `route`'s own book: each request routed once
@@ -218,8 +222,8 @@ class RayRunner:
                 answers[i] = self.ray.get(ref)
             except Exception as exc:
                 failed[i] = exc
-        for i, exc in failed.items():
-            self._lose(i, exc)
+        for i, error in failed.items():
+            self._lose(i, error)
         return answers if not failed else {i: a for i, a in answers.items() if i in self.live}
 
     def _place(self, spec: RequestSpec, now: float, again: bool = False) -> None:
@@ -373,4 +377,4 @@ class RayRunner:
         placed = {k: v for k, v in self.replica_of.items() if k in held}
         history = {k: list(v) for k, v in self.history.items() if k in held}
         outages = list(self.outages) if self.outages or self.faults_set else None
-        return merge(ClusterResult(parts, placed, replicas_of=history, outages=outages), specs)
+        return merge(ReplicaResults(parts, placed, replicas_of=history, outages=outages), specs)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.cluster.result import ClusterResult
 from framework.run.outputs_jsonl import write_outputs
 from framework.run.steps_csv import write_steps
 from framework.run.summary import request_row
@@ -46,15 +47,16 @@ def write_results(
     (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     rows = [request_row(s) for s in result.seqs]
-    if result.replica_of is not None:  # a cluster: which replica served each request
-        placed = result.replicas_of or {}
+    cluster = result if isinstance(result, ClusterResult) else None
+    if cluster is not None:  # which replica served each request
+        placed = cluster.replicas_of or {}
         for row in rows:
-            row["replica"] = result.replica_of.get(row["id"])
+            row["replica"] = cluster.replica_of.get(row["id"])
             # every replica it was placed on, in order: more than one after a failure
             row["replicas"] = " ".join(map(str, placed.get(row["id"], [row["replica"]])))
-    if result.transfers is not None:  # disaggregated: where each was decoded, its transfer
-        decode_of = result.decode_of or {}
-        moved = {t.id: t for t in result.transfers}
+    if cluster is not None and cluster.transfers is not None:  # disaggregated: where each
+        decode_of = cluster.decode_of or {}  # was decoded, and its transfer
+        moved = {t.id: t for t in cluster.transfers}
         for row in rows:
             t = moved.get(row["id"])
             row["decode_replica"] = decode_of.get(row["id"], "")
@@ -66,7 +68,8 @@ def write_results(
     gz, other = (".gz", "") if compressed(cfg, result) else ("", ".gz")
     for name in ("steps.csv", "outputs.jsonl"):  # the other form, from a rerun into the folder
         (out / f"{name}{other}").unlink(missing_ok=True)
-    write_steps(out / f"steps.csv{gz}", result.steps, replicas=result.step_replicas)
+    replicas = cluster.step_replicas if cluster is not None else None
+    write_steps(out / f"steps.csv{gz}", result.steps, replicas=replicas)
     write_outputs(out / f"outputs.jsonl{gz}", result.seqs, texts)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from framework.cluster.result import ClusterResult
 from framework.engine.counters import PHASES, StepStats, step_value
 from framework.engine.held import DEVICE_TIMED
 from framework.engine.sequence import ABORTED, Sequence, Status
@@ -61,7 +62,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # of a request, pooled. Its tail is the decode stall that a long prefill causes and
     # chunked prefill removes. (numpy per request: a whole day's trace has four million gaps.)
     gaps = [np.diff(s.token_times) for s in done if len(s.token_times) > 1]
-    tbt = np.concatenate(gaps) if gaps else []
+    tbt: np.ndarray | list[float] = np.concatenate(gaps) if gaps else []
     # Normalized latency (vLLM's): a request's end-to-end latency over its output tokens,
     # so that long and short answers weigh alike; its mean is the paper's curve.
     normalized = [
@@ -177,16 +178,17 @@ def summarize(result: RunResult) -> dict[str, Any]:
     # (and then what predicted each step: a measured profile, or an analytic one).
     summary["clock"] = result.clock
     summary.update(result.executor)
-    if result.replicas is not None:
-        summary.update(cluster_summary(result.replicas, result.roles))
-    if result.transfers is not None:
-        summary.update(transfer_summary(result))
-    if result.replicas_of is not None:
-        summary.update(failover_summary(result))
+    if isinstance(result, ClusterResult):
+        if result.replicas:  # (a result made empty, to list the metrics, has none)
+            summary.update(cluster_summary(result.replicas, result.roles))
+        if result.transfers is not None:
+            summary.update(transfer_summary(result))
+        if result.replicas_of is not None:
+            summary.update(failover_summary(result))
     return summary
 
 
-def failover_summary(result: RunResult) -> dict[str, Any]:
+def failover_summary(result: ClusterResult) -> dict[str, Any]:
     """A cluster's replica failures (`cluster.faults`; all 0 without): the failures, the
     requests they sent back to the router, the positions computed again on another replica
     and the sampled tokens that died on a device before reaching a client; and each outage
@@ -204,7 +206,7 @@ def failover_summary(result: RunResult) -> dict[str, Any]:
     }
 
 
-def transfer_summary(result: RunResult) -> dict[str, Any]:
+def transfer_summary(result: ClusterResult) -> dict[str, Any]:
     """A disaggregated cluster's KV transfers: how many, their bytes (every GPU's shard),
     their seconds from the reservation to the last byte landed, how long requests waited
     at their prefill replica for a decode replica's blocks, and the link."""

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from framework.cluster.result import ClusterResult
 from framework.engine.counters import Counters
-from framework.engine.loop import RunResult
 from framework.engine.sequence import Sequence as Request
 from framework.run.errors import UserError
 from framework.run.summary import summarize
@@ -96,7 +96,7 @@ def metric_names() -> tuple[str, ...]:
     """Every metric a condition may name: the numbers of a run's `metrics.json`, read off the
     summary of a run of no request with a disaggregated cluster's KV transfers (so a number
     the summary gains is a metric here at once), a cluster's own, and a probe's own."""
-    empty = RunResult([], [], Counters(), 1, 0, 0, transfers=[], link={})
+    empty = ClusterResult([], [], Counters(), 1, 0, 0, transfers=[], link={})
     keys = [
         k
         for k, v in summarize(empty).items()

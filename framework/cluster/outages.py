@@ -6,7 +6,7 @@ run, each mistake one line naming the field: a replica in range, times in order,
 outages of one replica overlapping, and some replica up for good after the last of them
 (else the requests arriving then could never be served).
 
-The cluster replays them on its time axis (`framework.engine.cluster`): a replica fails at
+The cluster replays them on its time axis (`framework.cluster.group`): a replica fails at
 the end of the step it is running at `down_at_s` (a step is the simulator's unit of work;
 an idle replica fails at `down_at_s` itself), and comes back empty at `up_at_s`.
 """

@@ -3,7 +3,7 @@
 Each replica is an `Engine` with its own KV pool, policies and virtual clock, all clocks on
 one time axis from 0. The loop takes the earliest event:
 - an event of the link between the replicas (prefill/decode disaggregation only: a KV
-  transfer's bytes starting or ending, or a transfer done, `framework.engine.handoff`);
+  transfer's bytes starting or ending, or a transfer done, `framework.cluster.handoffs`);
 - the next arrival, when no replica with work has a clock before it: the router reads each
   replica it may choose as it stands (as of its last step begun before the arrival) and the
   request joins the chosen replica's queue at its arrival time;
@@ -19,8 +19,8 @@ every replica `mixed` that is every replica, and the replay is the plain cluster
 Under `executor.host_time=measured` a replica's clock counts only the real time of its own
 steps: it is paused while the others step and while the router decides.
 
-Replica failures (`cluster.faults`, `framework.engine.outages`) are events of the same axis
-(`framework.engine.failover`): a replica that fails loses what it held
+Replica failures (`cluster.faults`, `framework.cluster.outages`) are events of the same axis
+(`framework.cluster.failover`): a replica that fails loses what it held
 (`framework.engine.replica_loss`); the unfinished requests go back to the router, which
 places them on the live replicas (a request arriving while none is live waits for the
 first to come back); routers see only the live replicas; a replica back starts empty.
@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
-from framework.engine.failover import FaultSchedule
-from framework.engine.handoff import HandOffs
-from framework.engine.link import TransferRecord
+from framework.cluster.failover import FaultSchedule
+from framework.cluster.handoffs import Disaggregation
+from framework.cluster.link import TransferRecord
+from framework.cluster.outages import Outage, OutageRecord
 from framework.engine.loop import Engine, RunResult
-from framework.engine.outages import Outage, OutageRecord
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
 
 
 @dataclass
-class ClusterResult:
+class ReplicaResults:
     """Each replica's own result, and which replica served each request (by id): the one
     the router chose (for a request handed off, its prefill replica). With disaggregation,
     also each replica's role, the decode replica of each request handed off, and every
@@ -72,7 +72,7 @@ class Cluster:
         name: str,
         provider: str | None = None,
         roles: list[str] | None = None,
-        handoffs: HandOffs | None = None,
+        handoffs: Disaggregation | None = None,
         outages: list[Outage] | None = None,
     ) -> None:
         if not engines:
@@ -106,7 +106,7 @@ class Cluster:
         # when a request's KV lands.
         self.stalled: set[int] = set()
 
-    def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> ClusterResult:
+    def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> ReplicaResults:
         ids = [s.id for s in specs]
         if len(set(ids)) != len(ids):
             raise ValueError("workload request ids must be unique")
@@ -247,10 +247,10 @@ class Cluster:
         self.engines[replica].submit(spec, eos_token_id)
         return replica
 
-    def partial_result(self) -> ClusterResult:
+    def partial_result(self) -> ReplicaResults:
         return self._result([e.partial_result() for e in self.engines])
 
-    def finish(self, specs: list[RequestSpec]) -> ClusterResult:
+    def finish(self, specs: list[RequestSpec]) -> ReplicaResults:
         results = [e.finish() for e in self.engines]
         decode_of = self.handoffs.decode_of if self.handoffs is not None else None
         check_served_once(specs, results, self.replica_of, decode_of, self.replicas_of)
@@ -258,9 +258,9 @@ class Cluster:
             self.handoffs.check_end(len(specs))
         return self._result(results)
 
-    def _result(self, results: list[RunResult]) -> ClusterResult:
+    def _result(self, results: list[RunResult]) -> ReplicaResults:
         moves = self.handoffs
-        return ClusterResult(
+        return ReplicaResults(
             results,
             dict(self.replica_of),
             roles=list(self.roles) if self.roles is not None else None,

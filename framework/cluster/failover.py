@@ -1,7 +1,7 @@
 """A cluster's outages as they are replayed: the next failure or return, the replicas down,
 the requests waiting for any replica at all, and the record of what happened.
 
-The cluster (`framework.engine.cluster`) asks `next_time` for the next event on its time
+The cluster (`framework.cluster.group`) asks `next_time` for the next event on its time
 axis and takes it in order with the arrivals and the steps (an event first on a tie, so an
 arrival at the same instant sees the cluster as it is after it). A replica's failure is
 taken at the end of the step it is running at `down_at_s` (`max(down_at_s, its clock)`):
@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from framework.engine.outages import Outage, OutageRecord
+from framework.cluster.outages import Outage, OutageRecord
 
 if TYPE_CHECKING:
     from framework.engine.loop import Engine

@@ -12,7 +12,7 @@ hands it off (`Engine.take_handed_off`), its blocks still held. From there:
    with its blocks held there, in a queue: after every step of any replica the queue is
    tried again from its head (the router asked again) until one is declined.
 2. **Transfer.** Its KV (its computed tokens x layers x KV heads x head dim x dtype bytes x
-   2, one GPU's shard) goes over the link (`framework.engine.link`) from the reservation or
+   2, one GPU's shard) goes over the link (`framework.cluster.link`) from the reservation or
    the hand-off, whichever is later.
 3. **Landing.** When it is done, the prefill replica frees its blocks (`release_sent`) and
    the decode replica takes the request (`accept`): it joins the running rows there as a
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
+from framework.cluster.link import Link, Overlap, Transfer, TransferRecord
 from framework.engine.invariants import InvariantError
-from framework.engine.link import Link, Overlap, Transfer, TransferRecord
 from framework.engine.loop import Engine
 from framework.engine.replica_handoffs import HandOff
 from framework.engine.sequence import Sequence, Status
@@ -59,7 +59,7 @@ class Moving:
     handed_at: float
 
 
-class HandOffs:
+class Disaggregation:
     """The hand-off queue, the decode router's choices, the link and the records."""
 
     def __init__(
