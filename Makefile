@@ -46,7 +46,7 @@ $(SERVE_STAMP): $(STAMP) pyproject.toml
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
-# mypy first (framework/engine, strict: pyproject.toml's [tool.mypy]), then the suite on every
+# mypy first (framework/ and plugins/, the engine strictly: pyproject.toml's [tool.mypy]), then the suite on every
 # core (pytest-xdist, at most 4 workers: each holds its own copy of the models), the slowest
 # tests handed out first as workers free up. ARGS="-n 0" runs it in one process.
 test: $(STAMP) $(RAY_STAMP) $(SERVE_STAMP)

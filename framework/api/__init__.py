@@ -30,7 +30,7 @@ from framework.api.policy import (
     QueueView,
     Scheduler,
 )
-from framework.api.router import ClusterView, ReplicaView, Router, RouterConfig
+from framework.api.router import ClusterView, Replica, ReplicaView, Router, RouterConfig
 from framework.engine.counters import PHASES, StepStats
 from framework.engine.prefix_cache import CachedBlock
 from framework.engine.request import RequestSpec, SamplingParams
@@ -51,6 +51,7 @@ __all__ = [
     "PolicyError",
     "Preemption",
     "QueueView",
+    "Replica",
     "ReplicaView",
     "RequestSpec",
     "Router",

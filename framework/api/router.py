@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from framework.api.policy import PolicyConfig
 
@@ -33,6 +33,33 @@ class RouterConfig(PolicyConfig):
     # With prefill replicas (`cluster.roles`): the router policy that picks each request's
     # decode replica, after its prefill; null: a second instance of this one, same options.
     decode: str | None = None
+
+
+class Replica(Protocol):
+    """What a router reads of one replica, whichever form it comes in: a `ReplicaView` of
+    an engine in this process, or a `ReplicaState` taken of one in another."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def outstanding(self) -> int: ...
+    @property
+    def prefill_tokens(self) -> int: ...
+    @property
+    def decode_tokens(self) -> int: ...
+    @property
+    def outstanding_tokens(self) -> int: ...
+    @property
+    def blocks_used(self) -> int: ...
+    @property
+    def blocks_free(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    def cached_prefix(self, request: RequestSpec) -> int: ...
 
 
 class ReplicaView:
@@ -148,7 +175,7 @@ class ClusterView:
     replicas in index order."""
 
     now: float
-    replicas: Seq[ReplicaView] | Seq[ReplicaState]
+    replicas: Seq[Replica]
 
     def __len__(self) -> int:
         return len(self.replicas)

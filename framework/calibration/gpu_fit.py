@@ -85,7 +85,9 @@ def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
     """The GEMM family, fitted jointly to every projection of the table."""
     shapes = table_shapes(table)
     m = table.tokens
-    ops = [op for op in table.operators if isinstance(shapes[op][0], Gemm)]
+    # an operator is a GEMM at every row or at none (`layer_shapes`)
+    gemms = {op: [g for g in shapes[op] if isinstance(g, Gemm)] for op in table.operators}
+    ops = [op for op in table.operators if gemms[op]]
 
     def residuals(x: np.ndarray) -> np.ndarray:
         fit = GemmFit(*x)
@@ -94,7 +96,7 @@ def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
             pred = np.array(
                 [
                     fit.seconds(mi, g.n, g.k, TABLE_DTYPE_BYTES, dev.bandwidth, dev.peak, dev.sms)
-                    for mi, g in zip(m, shapes[op], strict=True)
+                    for mi, g in zip(m, gemms[op], strict=True)
                 ]
             )
             out.append(np.log(pred / table.seconds[op]))
@@ -107,16 +109,14 @@ def fit_gemm(table: OperatorTable, dev: Device) -> GemmFit:
 def fit_stream(table: OperatorTable, dev: Device) -> dict[str, StreamFit]:
     """Each streaming family the table has operators of, fitted to those operators."""
     shapes = table_shapes(table)
+    # an operator streams at every row or at none (`layer_shapes`)
+    streams = {op: [s for s in shapes[op] if isinstance(s, Stream)] for op in table.operators}
     out = {}
     for family in STREAM_FAMILIES:
-        ops = [
-            op
-            for op in table.operators
-            if isinstance(shapes[op][0], Stream) and shapes[op][0].family == family
-        ]
+        ops = [op for op in table.operators if streams[op] and streams[op][0].family == family]
         if not ops:
             continue
-        nbytes = np.array([s.nbytes for op in ops for s in shapes[op]])
+        nbytes = np.array([s.nbytes for op in ops for s in streams[op]])
         measured = np.concatenate([table.seconds[op] for op in ops])
 
         def residuals(x: np.ndarray, nbytes: np.ndarray = nbytes, y: np.ndarray = measured):

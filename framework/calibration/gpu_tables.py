@@ -115,7 +115,7 @@ class OperatorTable:
 
     def layer(self) -> np.ndarray:
         """The measured layer: the sum of the table's operators."""
-        return sum(self.seconds[op] for op in self.operators)
+        return sum((self.seconds[op] for op in self.operators), np.zeros(len(self.tokens)))
 
     def shard(self, i: int) -> Shard:
         s = {k: v[i] for k, v in self.shape.items()}

@@ -51,7 +51,8 @@ class Recorder:
         GPU's only: on a CPU the drains wait for nothing)."""
         if self.device.type != "cuda":
             return
-        fetch, steps, got = engine.readback.fetch, engine.steps, {}
+        fetch, steps = engine.readback.fetch, engine.steps
+        got: dict[int, float] = {}  # seconds by step
 
         def timed(pending: Any) -> Any:
             t = time.perf_counter()

@@ -18,8 +18,8 @@ module calls (packed or stock, and visible to forward hooks).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager
 from framework.executors.kernels import glue
 from framework.executors.kernels.paged_decode import decode_attention
 from framework.executors.paged_attention import ATTN_NAME
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 GLUE = "_nanoserve_glue"  # each swapped module's `Glue`, set by `layer_glue.install_glue`
 
@@ -48,16 +51,72 @@ class Glue(NamedTuple):
 CPP = Glue("C++", glue.rms_norm, glue.add_rms_norm, glue.rotary, glue.silu_mul, True)
 
 
-def norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+# Hugging Face's Llama modules as the forwards below read them. `nn.Module` types every
+# attribute it does not declare as `Tensor | Module`; these say what each one is.
+class _Fused(Protocol):
+    _nanoserve_glue: Glue  # `GLUE`: the backend this module's forward calls
+
+
+class _Norm(_Fused, Protocol):
+    weight: torch.Tensor
+    variance_epsilon: float
+
+
+class _MLP(_Fused, Protocol):
+    gate_proj: nn.Module
+    up_proj: nn.Module
+    down_proj: nn.Module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Attention(_Fused, Protocol):
+    config: PreTrainedConfig
+    layer_idx: int
+    head_dim: int
+    scaling: float
+    q_proj: nn.Module
+    k_proj: nn.Module
+    v_proj: nn.Module
+    o_proj: nn.Module
+
+    def __call__(self, **kwargs: Any) -> tuple[torch.Tensor, Any]: ...
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]: ...
+
+
+class _Layer(_Fused, Protocol):
+    input_layernorm: _Norm
+    post_attention_layernorm: _Norm
+    self_attn: _Attention
+    mlp: _MLP
+
+
+class _Model(_Fused, Protocol):
+    config: PreTrainedConfig
+    embed_tokens: nn.Module
+    rotary_emb: nn.Module
+    layers: Sequence[_Layer]
+    norm: _Norm
+
+    def forward(self, **kwargs: Any) -> BaseModelOutputWithPast: ...
+
+
+def norm_forward(self: _Norm, x: torch.Tensor) -> torch.Tensor:
     return self._nanoserve_glue.rms_norm(x, self.weight, self.variance_epsilon)
 
 
-def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def mlp_forward(self: _MLP, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(self._nanoserve_glue.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 def layer_forward(
-    self: nn.Module,
+    self: _Layer,
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
@@ -85,7 +144,7 @@ def layer_forward(
 
 
 def attention_forward(
-    self: nn.Module,
+    self: _Attention,
     hidden_states: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     attention_mask: torch.Tensor | None = None,
@@ -145,7 +204,7 @@ def attention_forward(
 
 
 def model_forward(
-    self: nn.Module,
+    self: _Model,
     input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
@@ -183,7 +242,7 @@ def model_forward(
     rms_norm, add_rms_norm = g.rms_norm, g.add_rms_norm
     h = self.embed_tokens(input_ids)
     rope = self.rotary_emb(h, position_ids=position_ids)
-    residual = None
+    residual: torch.Tensor | None = None
     layers = self.layers
     for i in range(self.config.num_hidden_layers):
         layer = layers[i]

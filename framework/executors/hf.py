@@ -168,9 +168,9 @@ class HFExecutor:
         width = max(map(len, dec_tables), default=0)
         padded: list[int] = []  # each decode row's table, padded with block 0 to `width`
         pad = [0] * width
-        for table in dec_tables:
-            padded += table
-            padded += pad[: width - len(table)]
+        for blocks_of in dec_tables:
+            padded += blocks_of
+            padded += pad[: width - len(blocks_of)]
         blocks = _send(_longs(padded).view(len(dec_tables), width), dev)
         lens = _send(_longs(dec_lens).view(-1, 1, 1, 1), dev)
         cols = self.cache.num_blocks + 1  # the pool's blocks, scratch included

@@ -23,7 +23,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ from framework.executors.fused_llama import CPP, Glue
 from framework.executors.kernels import argmax, compiled_glue, glue
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 AUTO = "auto"
 ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds counts
@@ -269,7 +272,7 @@ def _measured_argmax(vocab: int, threads: int) -> Choice:
 
 
 # ---- the layer glue: RMSNorm, rotary, SiLU-and-multiply -----------------------------------
-def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
+def choose_glue(model: PreTrainedModel, value: Any, device: torch.device) -> Choice:
     """nanoserve's fused glue operators in the model's norms, attention and MLPs, or Hugging
     Face's eager chains; and do it (or undo it) on this model object. On CPU the C++
     operators, the same bits as eager (`framework/executors/layer_glue.py`), so only the time
@@ -283,7 +286,10 @@ def choose_glue(model: nn.Module, value: Any, device: torch.device) -> Choice:
         reason = "no module of a kind the fused operators reproduce (Llama's)"
     if want is False or backend is None or reason is not None:
         layer_glue.remove_glue(model)
-        return Choice(False, "set", "") if want is False else Choice(False, "unavailable", reason)
+        if want is False:
+            return Choice(False, "set", "")
+        assert reason is not None  # `_glue_backend` says why wherever it gives no backend
+        return Choice(False, "unavailable", reason)
     if backend is not CPP:
         layer_glue.install_glue(model, backend)
         return Choice(True, "set" if want else "default", backend.name)

@@ -75,8 +75,10 @@ def glue_modules(model: nn.Module) -> int:
 def compiled_backend() -> Glue:
     """The four operators compiled by Inductor (Triton kernels on CUDA); one per process, so
     each shape compiles once whichever model calls it. Never the C++ decode attention."""
-    ops = (compiled_glue.compiled(fn) for fn in compiled_glue.FUNCTIONS)
-    return Glue(COMPILED, *ops, decode_kernel=False)
+    norm, add_norm, rotary, silu_mul = (
+        compiled_glue.compiled(fn) for fn in compiled_glue.FUNCTIONS
+    )
+    return Glue(COMPILED, norm, add_norm, rotary, silu_mul, decode_kernel=False)
 
 
 def backend_for(device: torch.device) -> Glue:

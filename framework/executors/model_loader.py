@@ -110,7 +110,9 @@ def _dequantise_smollm2(target: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     # The GGUF loader marks the model quantised; the weights are already plain fp32 tensors,
     # and save_pretrained refuses a quantised model without this.
-    model.hf_quantizer = None
+    # (PreTrainedModel does not declare `hf_quantizer`, so nn.Module's stub types it
+    # Tensor | Module.)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = Path(tempfile.mkdtemp(prefix=".prep-", dir=target.parent))

@@ -117,7 +117,9 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     if paged is None:
         raise RuntimeError(f"{ATTN_NAME} attention called without a PagedBatch (paged=...)")
-    layer = module.layer_idx
+    # Hugging Face's attention module: `layer_idx` is an int (nn.Module's stub types what a
+    # subclass does not declare as Tensor | Module)
+    layer: int = module.layer_idx  # type: ignore[assignment]
     k_cache, v_cache = paged.cache.k[layer], paged.cache.v[layer]
     k_cache.index_copy_(0, paged.slot_mapping, key[0].transpose(0, 1))
     v_cache.index_copy_(0, paged.slot_mapping, value[0].transpose(0, 1))

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from framework.api.registry import registry
 from framework.run.errors import Refused, RunStopped, UserError, one_line
@@ -91,7 +91,7 @@ def check_flags(args: list[str]) -> None:
 
     parser = get_args_parser()
 
-    def refuse(message: str) -> None:
+    def refuse(message: str) -> NoReturn:
         hint = " (flags such as -m go before the overrides)" * message.startswith("unrecognized")
         raise UserError(f"{message}{hint}; python run.py --help lists what is accepted")
 

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from framework.api.groups import GROUPS
 from framework.api.registry import Registry
@@ -107,7 +107,9 @@ def yaml_line(path: Path) -> str:
 def defaults() -> dict[str, str]:
     """The default choice of each group, from `conf/config.yaml`'s defaults list."""
     chosen: dict[str, str] = {}
-    for item in OmegaConf.load(CONF / "config.yaml").get("defaults", []):
+    conf = OmegaConf.load(CONF / "config.yaml")
+    assert isinstance(conf, DictConfig)  # the primary config is a mapping, as Hydra requires
+    for item in conf.get("defaults", []):
         if isinstance(item, dict) or OmegaConf.is_dict(item):
             chosen.update({str(k): str(v) for k, v in dict(item).items()})
     return chosen

@@ -191,17 +191,20 @@ def build_simulated(
     whether it says which profile it uses, once for a whole cluster)."""
     path = choose_profile(cfg, shape)
     x = cfg.executor
+    cost: CostModel
     if path is None:
-        cost: CostModel = analytic_for(cfg, shape)
-        path = f"analytic:{cost.hardware.id}" + (
+        analytic = analytic_for(cfg, shape)
+        cost = analytic
+        path = f"analytic:{analytic.hardware.id}" + (
             f"-tp{x.tensor_parallel}" if x.tensor_parallel > 1 else ""
         )
         if say:
+            tp = x.tensor_parallel
             print(
                 f"executor=simulated: no profile measured on this CPU for {model_id(shape.config)} "
                 f"in {cfg.dtype}; using the analytic profile of this model on "
-                f"{cost.hardware.name}"
-                + (f" x{x.tensor_parallel} ({cost.interconnect})" if x.tensor_parallel > 1 else "")
+                f"{analytic.hardware.name}"
+                + (f" x{tp} ({analytic.interconnect})" if tp > 1 else "")
                 + ": its seconds are an estimate for that GPU, not a measurement",
                 file=sys.stderr,
             )

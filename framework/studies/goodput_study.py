@@ -289,9 +289,11 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("sweep_dir", type=Path, help="the sweep's folder (multirun/NAME/DATE)")
     args = ap.parse_args(argv)
     hydra = OmegaConf.load(args.sweep_dir / "multirun.yaml").hydra
-    conf = OmegaConf.to_container(hydra.callbacks.study, resolve=False)
-    conf.pop("_target_")  # type: ignore[union-attr]
-    name, title = conf.pop("name"), conf.pop("title")  # type: ignore[union-attr]
-    md = study(name, title, args.sweep_dir, conf)  # type: ignore[arg-type]
+    block = OmegaConf.to_container(hydra.callbacks.study, resolve=False)
+    assert isinstance(block, dict)  # the callback's settings, a mapping in multirun.yaml
+    conf = {str(k): v for k, v in block.items()}  # YAML's keys: strings already
+    conf.pop("_target_")
+    name, title = conf.pop("name"), conf.pop("title")
+    md = study(name, title, args.sweep_dir, conf)
     print(md.read_text())
     return md

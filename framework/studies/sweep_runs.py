@@ -40,9 +40,11 @@ def load_run(folder: Path) -> RunRecord:
         o = json.loads(line)
         outputs[o["id"]] = o["output_token_ids"]
         prompts[o["id"]] = o.get("prompt_token_ids", [])
+    config = OmegaConf.load(folder / "config.yaml")
+    assert isinstance(config, DictConfig)  # a run's composed config is a mapping
     return RunRecord(
         folder=folder,
-        config=OmegaConf.load(folder / "config.yaml"),
+        config=config,
         metrics=json.loads((folder / "metrics.json").read_text()),
         outputs=outputs,
         requests=read_csv(folder / "requests.csv"),

@@ -76,6 +76,12 @@ class TrackingStore:
                 ) from exc
             return None
 
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> None:
+        """`client.<method>(*args, **kwargs)` through `attempt`. The client is fetched inside
+        the attempt (connecting may fail too), and the arguments are bound by this call, not
+        by a lambda in the caller's loop (which would see the loop's last values)."""
+        self.attempt(what, lambda: getattr(self.client, method)(*args, **kwargs))
+
     # ---- connection ----------------------------------------------------------------------
     @property
     def client(self) -> Any:
@@ -91,19 +97,23 @@ class TrackingStore:
 
     def experiment_id(self) -> str:
         if self._experiment_id is None:
-            found = self.client.get_experiment_by_name(self.experiment)
-            if found is None:
-                try:
-                    self._experiment_id = self.client.create_experiment(
-                        self.experiment, artifact_location=self._artifact_location()
-                    )
-                except Exception:  # created meanwhile by a parallel job of the same sweep
-                    found = self.client.get_experiment_by_name(self.experiment)
-                    if found is None:
-                        raise
-            if found is not None:
-                self._experiment_id = found.experiment_id
+            self._experiment_id = self._find_or_create_experiment()
         return self._experiment_id
+
+    def _find_or_create_experiment(self) -> str:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is None:
+            try:
+                created: str = self.client.create_experiment(
+                    self.experiment, artifact_location=self._artifact_location()
+                )
+                return created
+            except Exception:  # created meanwhile by a parallel job of the same sweep
+                found = self.client.get_experiment_by_name(self.experiment)
+                if found is None:
+                    raise
+        experiment_id: str = found.experiment_id
+        return experiment_id
 
     def _artifact_location(self) -> str | None:
         """For a SQLite store, artifacts go beside the database file (`mlruns/NAME`), not
@@ -148,7 +158,7 @@ class TrackingStore:
 
         items = [Param(k, v[:MAX_PARAM_CHARS]) for k, v in params.items()]
         for chunk in _chunks(items, PARAMS_PER_BATCH):
-            self.attempt("logging params", lambda c=chunk: self.client.log_batch(run_id, params=c))
+            self._call("logging params", "log_batch", run_id, params=chunk)
 
     def log_metrics(
         self, run_id: str, series: Iterable[tuple[str, float, int, int]], what: str = "metrics"
@@ -158,9 +168,7 @@ class TrackingStore:
 
         items = [Metric(k, float(v), ts, step) for k, v, ts, step in series]
         for chunk in _chunks(items, METRICS_PER_BATCH):
-            self.attempt(
-                f"logging {what}", lambda c=chunk: self.client.log_batch(run_id, metrics=c)
-            )
+            self._call(f"logging {what}", "log_batch", run_id, metrics=chunk)
 
     def log_summary(self, run_id: str, summary: Mapping[str, Any]) -> None:
         """The numeric entries of a summary, at step 0 (None and text are skipped); a
@@ -177,21 +185,15 @@ class TrackingStore:
 
         items = [RunTag(k, str(v)[:MAX_PARAM_CHARS]) for k, v in tags.items()]
         for chunk in _chunks(items, PARAMS_PER_BATCH):
-            self.attempt("setting tags", lambda c=chunk: self.client.log_batch(run_id, tags=c))
+            self._call("setting tags", "log_batch", run_id, tags=chunk)
 
     def log_files(self, run_id: str, paths: Iterable[Path]) -> None:
         """Each file at the artifact root, each folder as a folder of that name."""
         for path in paths:
             if path.is_dir():
-                self.attempt(
-                    f"uploading {path.name}/",
-                    lambda p=path: self.client.log_artifacts(run_id, str(p), p.name),
-                )
+                self._call(f"uploading {path.name}/", "log_artifacts", run_id, str(path), path.name)
             elif path.is_file():
-                self.attempt(
-                    f"uploading {path.name}",
-                    lambda p=path: self.client.log_artifact(run_id, str(p)),
-                )
+                self._call(f"uploading {path.name}", "log_artifact", run_id, str(path))
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         """Close the run as FINISHED, FAILED or KILLED (Ctrl-C). After a failure half way,

@@ -133,8 +133,9 @@ def _rich_table(rows: Sequence[dict[str, Any]], title: str, headers: Sequence[st
     table = Table(title=title, title_justify="left")
     for col, header in zip(columns(rows), headers, strict=True):
         # Last resort on a narrow terminal: a cell folds onto a second line, no digit lost.
-        justify = "right" if col in METRIC_COLUMNS else "left"
-        table.add_column(header, justify=justify, overflow="fold")
+        table.add_column(
+            header, justify="right" if col in METRIC_COLUMNS else "left", overflow="fold"
+        )
     for r in rows:
         style = None if r["status"] == "ok" else "red"
         table.add_row(*(cell(r.get(c)) for c in columns(rows)), style=style)

@@ -166,7 +166,11 @@ def build_mooncake(
     return [
         RequestSpec(
             id=request_id(i),
-            prompt_token_ids=prompts.ids(row, clamp_count(row.input_length, cfg.max_prompt_tokens)),
+            # An `array('i')` (`_Prompts.ids`): the engine reads a prompt as any sequence of
+            # ints, though `RequestSpec` still says list[int] (framework/engine/request.py).
+            prompt_token_ids=prompts.ids(  # type: ignore[arg-type]
+                row, clamp_count(row.input_length, cfg.max_prompt_tokens)
+            ),
             sampling=sampling_for(
                 cfg,
                 i,

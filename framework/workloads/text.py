@@ -101,6 +101,7 @@ def exact_length_prompts(
         window = np.take(corpus.ids, np.arange(offset, offset + length), mode="wrap").tolist()
         if corpus.starts is None:
             text = tokenizer.decode(window)
+            assert isinstance(text, str)  # one sequence's ids: one text (a batch's: a list)
         else:
             text = _window_text(corpus, int(offset), int(length))
         prompts.append((window, text))

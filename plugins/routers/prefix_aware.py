@@ -19,9 +19,10 @@ here to the least loaded one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from framework.api import ClusterView, ReplicaView, RequestSpec, Router, RouterConfig, hookimpl
+from framework.api import ClusterView, Replica, RequestSpec, Router, RouterConfig, hookimpl
 
 
 @dataclass
@@ -54,7 +55,7 @@ class PrefixAwareRouter(Router):
         return least_loaded(view.replicas)
 
 
-def least_loaded(replicas: list[ReplicaView] | tuple[ReplicaView, ...]) -> int:
+def least_loaded(replicas: Sequence[Replica]) -> int:
     return min(replicas, key=lambda r: (r.outstanding, -r.blocks_free, r.index)).index
 
 

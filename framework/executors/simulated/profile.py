@@ -132,8 +132,8 @@ def fit_host(rows: Sequence[int], host_s: Sequence[float]) -> HostCost:
     dropped first: one such step would move a mean of a few dozen by more than the skew.
     """
     by: dict[int, list[float]] = {}
-    for r, s in zip(rows, host_s, strict=True):
-        by.setdefault(int(r), []).append(float(s))
+    for n, s in zip(rows, host_s, strict=True):
+        by.setdefault(int(n), []).append(float(s))
     if not by:
         return HostCost()
     counts = sorted(by)

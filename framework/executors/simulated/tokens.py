@@ -103,11 +103,11 @@ class TokenStreams:
         known = self._keys.get(key)
         if known is None:  # per request, once: its stop set and the hash its draws use
             sp = row.sampling
-            stops = set(sp.stop_token_ids)
+            stop_ids = set(sp.stop_token_ids)
             if not sp.ignore_eos and self.eos is not None:  # as `Sequence.stop_ids`
-                stops.add(self.eos)
+                stop_ids.add(self.eos)
             salt = sp.seed ^ _hash(key)
-            known = self._keys[key] = (frozenset(stops), salt, (salt * SEED_MIX + 1) % SEED_MOD)
+            known = self._keys[key] = (frozenset(stop_ids), salt, (salt * SEED_MIX + 1) % SEED_MOD)
         stops, salt, _ = known
         i = row.token_index
         if self.replay is not None and key in self.replay:

@@ -351,7 +351,7 @@ def diagnosis_section(
 
 def min_off(r: dict[str, float | None], pub: dict[str, float], keys: list[str]) -> float:
     """The smallest simulated / published over `keys` (inf where none was found)."""
-    got = [r[k] / pub[k] for k in keys if r.get(k)]
+    got = [v / pub[k] for k in keys if (v := r.get(k))]
     return min(got) if got else float("inf")
 
 

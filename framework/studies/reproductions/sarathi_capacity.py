@@ -289,7 +289,7 @@ SAME_RATE_KEYS = (
 
 def same_rate(ctx: Context, base: tuple[str, ...], rate: float) -> dict[str, Any]:
     """Every system (Sarathi-Serve with both budgets) at one Poisson rate."""
-    systems = {"vLLM": VLLM, "Orca": ORCA}
+    systems: dict[str, tuple[str, ...]] = {"vLLM": VLLM, "Orca": ORCA}
     systems |= {f"Sarathi-Serve ({slo.chunk})": sarathi(slo.chunk) for slo in SLOS}
     jobs = [
         Job(f"same rate {name} at {rate:g} req/s", (*over, f"workload.rate={rate!r}"))

@@ -68,7 +68,9 @@ def capacity_section(capacity: dict[str, dict[str, Any]], slos: Sequence[Any]) -
                 if met and met.get("peak_blocks") is not None
                 else "-"
             )
-            delay, tbt = (_f(met and met[k]) for k in ("scheduling_delay_p50_s", "tbt_p99_s"))
+            delay, tbt = (
+                _f(met[k] if met else None) for k in ("scheduling_delay_p50_s", "tbt_p99_s")
+            )
             why = ", ".join(missed["missed"]) if missed else "-"
             rate, status, high = _f(found["rate"]), str(found["status"]), _f(found["high"])
             rows.append([slo.name, system, rate, status, delay, tbt, used, high, why])
