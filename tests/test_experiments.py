@@ -212,3 +212,35 @@ def test_same_speed_alternates_processes_over_the_same_counts(tmp_path: Path) ->
     ]  # fmt: skip
     assert {r["steps"] for r in rows} == {rows[0]["steps"]} != {"0"}
     assert "| sim_conv | steps_per_s |" in (tmp_path / "same_speed.md").read_text()
+
+
+def test_every_command_is_in_the_table_and_runs_its_tools_main() -> None:
+    """Each `python -m experiments.<tool>` the README documents is a name in `TOOLS`, whose
+    module has a `main`; importing a command runs nothing; and a command runs under `-m`,
+    its exit status the tool's."""
+    import importlib
+    import re
+    import subprocess
+    import sys
+
+    import experiments
+
+    readme = (Path(experiments.__file__).parent / "README.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"python -m experiments\.([a-z_]+)", readme))
+    assert documented and documented <= set(experiments.TOOLS), documented - set(experiments.TOOLS)
+    for name, target in experiments.TOOLS.items():
+        assert callable(getattr(importlib.import_module(target), "main", None)), name
+    quiet = importlib.import_module("experiments.reproduce")  # imported, not run
+    assert quiet.__name__ == "experiments.reproduce"
+    root = Path(experiments.__file__).resolve().parents[1]
+    listed = subprocess.run(
+        [sys.executable, "-m", "experiments.reproduce", "--list"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "vllm_batching" in listed.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "experiments.no_such_tool"],
+        cwd=root, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "No module named" in missing.stderr

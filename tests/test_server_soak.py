@@ -1,8 +1,9 @@
 """The server saturated, bounded: its capacity measured on the tiny model, then about twice
 that offered for a few seconds by many concurrent streams (the official `openai` client),
-a fifth of them closing their stream mid-way, under a small `server.max_waiting` so that
-429s come. `experiments/server_soak.py`'s driver and checks, on a server in this process
-on 127.0.0.1 (tests/test_server.py's `served`). Counts are asserted, never timings."""
+a fifth of those it accepts closing their stream mid-way, under a small
+`server.max_waiting` so that 429s come. `experiments/bench/server_soak.py`'s driver and
+checks, on a server in this process on 127.0.0.1 (tests/test_server.py's `served`). Counts
+are asserted, never timings."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from experiments.server_soak import ENDED, Shape, checks, server_rows, soak
+from experiments.bench.server_soak import ENDED, Shape, checks, server_rows, soak
 from tests.test_server import FIXED, loaded, served
 
 pytestmark = pytest.mark.usefixtures("one_thread")

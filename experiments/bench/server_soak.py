@@ -9,10 +9,10 @@ enough that requests are preempted: `DEFAULTS`, which overrides change). Its cap
 measured first: completed requests/s under a closed loop of `--concurrency` streams (the
 official `openai` client, AsyncOpenAI). Then an open loop offers `--overload` x that rate
 (Poisson arrivals) for `--seconds`, every request a stream of `--max-tokens` tokens
-(`ignore_eos`); a share of the clients (`--disconnect-share`) close their stream after a few
-tokens. Last, one ordinary request. A saturated server must refuse (429) rather than queue
-without end, and a client that goes away must cost nothing once gone; so, with the server
-idle again:
+(`ignore_eos`); a share of the streams it accepts (`--disconnect-share`: every 1/share-th)
+close after a few tokens. Last, one ordinary request. A saturated server must refuse (429)
+rather than queue without end, and a client that goes away must cost nothing once gone; so,
+with the server idle again:
 
 - outcomes: every client finished, disconnected or was refused (429), nothing else;
 - books: every accepted request is in the server's records (requests.csv) exactly once,
@@ -110,17 +110,39 @@ def waiting_in(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+@dataclass
+class Leavers:
+    """Which clients give up: every `1 / share`-th stream the server accepts, the first of
+    them included, each after a few chunks (`Shape.leave_after`). Chosen among the accepted
+    streams, not among the requests sent: a loaded server refuses most of an overload, and
+    a leaver drawn among the refused never leaves."""
+
+    share: float
+    leave_after: tuple[int, int]
+    rng: random.Random
+    opened: int = 0
+
+    def decide(self) -> int | None:
+        """Whether the stream just accepted leaves, and after how many chunks."""
+        self.opened += 1
+        every = round(1 / self.share) if self.share > 0 else 0
+        if not every or (self.opened - 1) % every:
+            return None
+        return self.rng.randint(*self.leave_after)
+
+
 async def one(
-    client: openai.AsyncOpenAI, shape: Shape, prompt: str, leave_after: int | None, phase: str
+    client: openai.AsyncOpenAI, shape: Shape, prompt: str, leavers: Leavers | None, phase: str
 ) -> Outcome:
-    """One streamed request; with `leave_after`, the client closes the stream after that many
-    chunks, as a user who gives up does."""
+    """One streamed request; a client `leavers` picks closes the stream after a few chunks,
+    as a user who gives up does."""
     out = Outcome(phase, sent=time.perf_counter())
     try:
         stream = await client.completions.create(
             model=shape.model, prompt=prompt, max_tokens=shape.max_tokens, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )  # fmt: skip
+        leave_after = leavers.decide() if leavers is not None else None  # it was accepted
         chunks = 0
         async for c in stream:
             out.id = c.id
@@ -177,8 +199,9 @@ async def open_loop(
     limit: int, rng: random.Random,
 ) -> tuple[float, list[Outcome]]:  # fmt: skip
     """Poisson arrivals at `rate` for `seconds` (at most `limit`), each its own stream, none
-    waiting for another; a `share` of the clients leave mid-stream. Returns the rate it
-    sent at and the outcomes."""
+    waiting for another; a `share` of the accepted clients leave mid-stream. Returns the
+    rate it sent at and the outcomes."""
+    leavers = Leavers(share, shape.leave_after, rng)
     tasks = []
     t0 = time.perf_counter()
     at = 0.0
@@ -186,9 +209,8 @@ async def open_loop(
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        leave = rng.randint(*shape.leave_after) if rng.random() < share else None
         prompt = PROMPTS[len(tasks) % len(PROMPTS)]
-        tasks.append(asyncio.create_task(one(client, shape, prompt, leave, "overload")))
+        tasks.append(asyncio.create_task(one(client, shape, prompt, leavers, "overload")))
         at += rng.expovariate(rate)
     sending = max(time.perf_counter() - t0, 1e-9)
     return len(tasks) / sending, list(await asyncio.gather(*tasks))
