@@ -34,11 +34,13 @@ def test_frozen_for_the_run_and_handed_back() -> None:
 def test_a_heap_frozen_by_someone_else_stays_frozen() -> None:
     gc.freeze()
     try:
+        # Only gc.freeze() adds to the count, and only gc.unfreeze() empties it; a frozen
+        # object that dies meanwhile (another thread's, another test's) takes one off it.
         before = gc.get_freeze_count()
         with frozen_heap() as freeze:
             freeze()  # not ours: a no-op
-            assert gc.get_freeze_count() == before
-        assert gc.get_freeze_count() == before
+            assert 0 < gc.get_freeze_count() <= before
+        assert 0 < gc.get_freeze_count() <= before  # still frozen: not handed back by us
     finally:
         gc.unfreeze()
 
