@@ -196,6 +196,15 @@ def methods(path: str, cls: str) -> dict[str, ast.FunctionDef]:
     return {n.name: n for n in found.body if isinstance(n, ast.FunctionDef)}
 
 
+def assigned(node: ast.AST) -> list[ast.expr]:
+    """The targets `node` assigns to, if it is an assignment (plain, augmented or annotated)."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    return []
+
+
 def writes_in(fn: ast.FunctionDef) -> list[str]:
     """Every assignment to an attribute or item, and every mutating call, in `fn`, named by
     the attribute it changes; a local made in the function (a fresh list) is its own."""
@@ -220,12 +229,7 @@ def writes_in(fn: ast.FunctionDef) -> list[str]:
         return "?"
 
     for node in ast.walk(fn):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
-        for t in targets:
+        for t in assigned(node):
             if isinstance(t, ast.Attribute | ast.Subscript):
                 found.append(root(t) or "?")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -340,12 +344,7 @@ def test_the_held_tokens_have_one_writer() -> None:
             )
 
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[ast.expr] = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-                targets = [node.target]
-            for t in targets:
+            for t in assigned(node):
                 while isinstance(t, ast.Subscript):
                     t = t.value
                 if held_state(t):
