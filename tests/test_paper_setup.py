@@ -123,3 +123,37 @@ def test_on_the_papers_other_set_up_only_its_claims_for_every_model_are_targets(
     elsewhere = compose_cfg([*base, f"model.path={LLAMA_8B}"])
     assert sarathi_capacity.PAPER.held_to([order], elsewhere)[0].published is None
     assert sarathi_capacity.kv_blocks(sarathi_capacity.YI_34B, "a100-80gb-pcie", tp=2) > 0
+
+
+def test_sglang_and_vllm_defaults_follow_the_model_and_gpus_asked() -> None:
+    """Each engine's defaults in `sglang_offline` are its own rules computed for what was asked:
+    the KV pool shrinks with the weights, grows with the GPUs; SGLang's rows are its request
+    pool's size less one, vLLM's token budget the context bound; off the published set-up the
+    cells hold the published numbers as the paper's, with no deviation."""
+    from framework.studies.reproductions import sglang_offline as sg
+
+    def rules(key: str, *extra: str) -> dict[str, dict[str, str]]:
+        cfg = compose_cfg([*sg.BASE, *sg.setup_overrides(key), *extra])
+        return {
+            e: dict(o.split("=", 1) for o in rule(cfg) if o.startswith("engine."))
+            for e, rule in sg.RULES.items()
+        }
+
+    paper, mistral = rules("8b"), rules("8b", f"model.path={MISTRAL_7B}")
+    for engine in sg.RULES:
+        assert int(mistral[engine]["engine.num_blocks"]) > int(paper[engine]["engine.num_blocks"])
+    assert paper[sg.SGLANG]["engine.max_num_seqs"] == "2047"  # 131072 context: the pool's 2048
+    assert mistral[sg.SGLANG]["engine.max_num_seqs"] == "4095"  # 32768 context: a pool of 4096
+    assert rules("8b", "model.max_model_len=8192")[sg.VLLM]["engine.max_num_batched_tokens"] == (
+        "8192"
+    )
+    tp = rules("8b", "executor.tensor_parallel=2")
+    assert int(tp[sg.VLLM]["engine.num_blocks"]) > int(paper[sg.VLLM]["engine.num_blocks"])
+    runs = {e: {"tok/s": 100.0} for e in sg.RULES}
+    on = sg.cells_of("8b", runs, compose_cfg([*sg.BASE, *sg.setup_overrides("8b")]))
+    off = sg.cells_of(
+        "8b", runs, compose_cfg([*sg.BASE, *sg.setup_overrides("8b"), f"model.path={MISTRAL_7B}"])
+    )
+    assert [c.published for c in on] == [4281.51, 4132.37, round(4281.51 / 4132.37, 3)]
+    assert all(c.published is None and c.paper_value is not None for c in off)
+    assert off[0].published_for.startswith("Llama 3.1 8B on one A100-80GB")

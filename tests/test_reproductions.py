@@ -127,3 +127,30 @@ def test_deviation_rules() -> None:
     assert Cell("c", 41, 60, "%", published_high=75).deviation == 0  # inside the range
     assert Cell("c", 41, 30, "%", published_high=75).deviation == pytest.approx(-11)
     assert Cell("c", 41, 82, "%", published_high=75).relative == pytest.approx(82 / 75 - 1)
+
+
+def test_quick_sglang_offline_sets_both_engines_beside_their_published_runs(
+    tmp_path: Path,
+) -> None:
+    """The grid-and-compare reproduction on the contract: two set-ups by two engines, each run
+    under its engine's profile and the defaults its rules give, a ratio cell that is the two
+    runs' ratio, and a figure drawn from the cells alone."""
+    from framework.studies.reproductions import sglang_offline as sg
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["sglang_offline", "--quick", "--workers", "1", "--out", str(tmp_path)]
+    assert command.reproduce([*argv, f"mlflow.tracking_uri={store}"]) == tmp_path
+    data = json.loads((tmp_path / "reproduction.json").read_text())
+    cells = data["cells"]
+    assert [c["unit"] for c in cells] == ["tok/s", "tok/s", "x"] * 2
+    assert [c["published"] for c in cells[:2]] == [p[1] for p in sg.PUBLISHED["8b"].values()]
+    for a, b, ratio in (cells[:3], cells[3:]):
+        assert ratio["simulated"] == pytest.approx(a["simulated"] / b["simulated"])
+        assert ratio["deviation"] == pytest.approx(ratio["simulated"] / ratio["published"] - 1)
+    runs = {j["name"]: j for j in data["jobs"]}
+    assert len(runs) == 4 and all(
+        j["metrics"]["requests_finished"] == sg.QUICK for j in runs.values()
+    )
+    assert "executor.software=sglang-0.3" in runs["70b SGLang 0.3.0"]["overrides"]
+    assert "scheduler.decode_steps=10" in runs["8b vLLM 0.6.0"]["overrides"]
+    assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)

@@ -252,7 +252,7 @@ def test_the_engine_check_runs(tmp_path: Path) -> None:
 
     engine_check.main(["--quick", "--out", str(tmp_path)])
     found = json.loads((tmp_path / "engine_check.json").read_text())
-    assert len(found) == 3 and all(c["ratio"] > 0 and c["published"] > 0 for c in found)
+    assert len(found) == 1 and all(c["ratio"] > 0 and c["published"] > 0 for c in found)
     for case in found:  # every side ran the profile it names, all its requests served
         assert all(side["requests_per_s"] > 0 for side in case["sides"].values())
     assert "simulated, analytic" in (tmp_path / "engine_check.md").read_text()

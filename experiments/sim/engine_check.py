@@ -6,9 +6,11 @@ numbers it rests on).
 
     python -m experiments.sim.engine_check [--out DIR] [--quick]
 
-Two kinds of case: an engine's absolute offline throughput on one GPU set-up (judged within
-10%), and a published ratio of two engines or versions on one set-up (which no single fitted
-constant can pass by accident). A case's simulated figures are analytic (an estimate for that
+A case is a published ratio of two engines or versions on one set-up (which no single fitted
+constant can pass by accident), each side's absolute throughput beside it where it was
+published (judged within 10%). The engines' absolute offline throughput on two GPUs, SGLang
+0.3 against vLLM 0.6, is a reproduction of its own: `python -m experiments.reproduce
+sglang_offline`. A case's simulated figures are analytic (an estimate for that
 GPU, from its datasheet and the fitted kernel efficiencies) plus the profile's host costs;
 every figure printed says so.
 """
@@ -16,20 +18,17 @@ every figure printed says so.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from framework.run.paths import ROOT
-from framework.studies.reproductions.gpu_memory import kv_tokens
 from framework.tracking.tables import markdown_table
 
 MODELS = ROOT / "framework" / "executors" / "simulated" / "models"
-LLAMA_8B, LLAMA_70B = MODELS / "llama-8b", MODELS / "llama-70b"
+LLAMA_8B = MODELS / "llama-8b"
 SHAREGPT = ROOT.parent / "shared" / "data" / "traces" / "sharegpt_v3_lengths.csv"
-BLOCK = 16
 WITHIN = 0.10  # the end-to-end target: an absolute throughput within 10% of the published
 
 
@@ -81,49 +80,6 @@ def vllm_versions(requests: int) -> Case:
     )
 
 
-def sglang_vs_vllm(requests: int, lengths: Path, big: bool) -> Case:
-    """SGLang 0.3.0 against vLLM 0.6.0 offline (every prompt at once), ShareGPT, 5000
-    prompts, as SGLang's repository published it (benchmark/benchmark_vllm_060/README.md):
-    Llama 3.1 8B Instruct on one A100-80GB, or 70B Instruct on four H100s."""
-    model, hardware, tp = (LLAMA_70B, "h100-sxm", 4) if big else (LLAMA_8B, "a100-80gb", 1)
-    published = {  # (requests/s, output tokens/s): SGLang, then vLLM
-        False: ((22.03, 4281.51), (21.27, 4132.37)),
-        True: ((19.84, 3856.01), (19.04, 3700.64)),
-    }[big]
-    setup = (*machine(model, hardware, tp, max_model_len=4096), *sharegpt(requests, lengths))
-    sglang = (
-        "executor.software=sglang-0.3",
-        # scheduler.py of 0.3: max_running_requests = min(max_total_num_tokens // 2, the
-        # request pool's size - 1), the pool min(max(tokens / context_len * 512, 2048), 4096)
-        # with context_len Llama 3.1's 131072: 2048
-        "engine.max_num_seqs=2047",
-        "engine.max_num_batched_tokens=16384",  # server_args.py of 0.3: max_prefill_tokens
-        # mem_fraction_static: SGLang's 0.88 at TP 1; set to 0.88 at TP 4 by the benchmark
-        f"engine.num_blocks={kv_tokens(model, hardware, tp, 0.88) // BLOCK}",
-    )
-    vllm = (
-        "executor.software=vllm-0.6-multistep",
-        "scheduler.decode_steps=10",  # --num-scheduler-steps 10: the queue looked at once a run
-        "engine.max_num_seqs=256",  # vLLM 0.6's default
-        # vLLM 0.6 config.py: chunked prefill off under 32K context, so max(max_model_len, 2048)
-        "engine.max_num_batched_tokens=4096",
-        f"engine.num_blocks={kv_tokens(model, hardware, tp, 0.9) // BLOCK}",  # utilization 0.9
-    )
-    gpus = "4x H100" if big else "1x A100-80GB"
-    return Case(
-        name=f"SGLang 0.3.0 / vLLM 0.6.0 offline, Llama 3.1 {'70B' if big else '8B'}, {gpus}",
-        published=published[0][1] / published[1][1],
-        source="SGLang repository, benchmark/benchmark_vllm_060/README.md (SGLang 0.3.0 against "
-        "vLLM 0.6.0 with --num-scheduler-steps 10; ShareGPT, 5000 prompts, request rate inf)",
-        setup=setup,
-        a=Side("SGLang 0.3.0", sglang, *published[0]),
-        b=Side("vLLM 0.6.0", vllm, *published[1]),
-        rests_on="sglang-0.3's per-row scheduling bound (WukLab) and its eager steps' launches "
-        "(dispatch_cost); vllm-0.6's per-row host and output costs (WukLab's vLLM 0.5.4) under "
-        "multi-step 10; the analytic kernels of the GPU (fitted on held-apart operator tables)",
-    )
-
-
 def machine(model: Path, hardware: str, tp: int, max_model_len: int) -> tuple[str, ...]:
     return (
         "executor=simulated",
@@ -147,19 +103,6 @@ def sharegpt(requests: int, path: Path = SHAREGPT) -> tuple[str, ...]:
         "workload.arrival=poisson",
         "workload.rate=1000000",  # every request at once, as the benchmarks' rate inf sends them
     )
-
-
-def kept_sharegpt(out: Path) -> Path:
-    """The trace's conversations that the benchmarks' ShareGPT sampler keeps (prompt and
-    output of 4 tokens or more, prompt at most 1024, both at most 2048), in the file's order."""
-    with SHAREGPT.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["kept_by_vllm_filter"] == "1"]
-    path = out / "sharegpt_kept.csv"
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["num_prefill_tokens", "num_decode_tokens"])
-        w.writeheader()
-        w.writerows({k: r[k] for k in w.fieldnames} for r in rows)
-    return path
 
 
 def throughput(overrides: list[str], out: Path) -> dict[str, Any]:
@@ -204,13 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a few requests a case (the suite's)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    kept = kept_sharegpt(args.out)
-    offline = 40 if args.quick else 5000
-    cases = [
-        vllm_versions(50 if args.quick else 500),
-        sglang_vs_vllm(offline, kept, big=False),
-        sglang_vs_vllm(offline, kept, big=True),
-    ]
+    cases = [vllm_versions(50 if args.quick else 500)]
     absolute, ratios, found = [], [], []
     for i, case in enumerate(cases):
         sims = {
@@ -231,9 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{a['output_tokens_per_s']:.0f} / {b['output_tokens_per_s']:.0f}",
             "GPU busy a / b (simulated)": f"{a['gpu_busy_share']:.0%} / {b['gpu_busy_share']:.0%}",
         })  # fmt: skip
-    text = "\n\n".join(
-        [markdown_table(absolute, list(absolute[0])), markdown_table(ratios, list(ratios[0]))]
-    )
+    tables = [absolute, ratios] if absolute else [ratios]
+    text = "\n\n".join(markdown_table(rows, list(rows[0])) for rows in tables)
     print(text)
     (args.out / "engine_check.md").write_text(text + "\n", encoding="utf-8")
     (args.out / "engine_check.json").write_text(json.dumps(found, indent=2) + "\n")

@@ -42,6 +42,7 @@ class Cell:
     # for its own set-up, labelled ("Mistral-7B on one A100 80GB PCIe: 2.6x"); the cell then
     # has no published value for this set-up and no deviation.
     published_for: str = ""
+    paper_value: float | None = None  # with `published_for`: the paper's value, as a number
     # A claim the paper states for every set-up it ran ("Sarathi-Serve above both baselines in
     # every case"): it keeps its published value on any of them (`PaperSetup.others`).
     every_setup: bool = False
@@ -149,6 +150,7 @@ class PaperSetup:
                 published=None,
                 published_high=None,
                 published_for=f"{self.label}: {c.published_text()}",
+                paper_value=c.published,
             )
             for c in cells
         ]

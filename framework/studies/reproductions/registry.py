@@ -54,6 +54,13 @@ REPRODUCTIONS: dict[str, Entry] = {
             "Figure 6 (colocated against 2P1D goodput per GPU, OPT-13B on A100-80GB)",
             "framework.studies.reproductions.distserve_toy",
         ),
+        Entry(
+            "sglang_offline",
+            "SGLang 0.3 against vLLM 0.6 (SGLang's repository, benchmark/benchmark_vllm_060)",
+            "offline throughput of Llama 3.1 8B on one A100-80GB and 70B on four H100s, "
+            "ShareGPT, 5,000 prompts",
+            "framework.studies.reproductions.sglang_offline",
+        ),
     ]
 }
 
