@@ -359,6 +359,39 @@ def test_the_held_tokens_have_one_writer() -> None:
     assert not stray, "held tokens changed outside HeldTokens: " + "; ".join(stray)
 
 
+def test_tokens_reach_requests_only_in_the_steps_two_verbs() -> None:
+    """Held tokens come home and reach their requests (`HeldTokens.drain_all`, `drain`,
+    `apply`, and the hand-offs they reveal, `take_handed`) only in the step's two verbs,
+    `Engine.update_from_output` and `Engine.bring_home`: the planner yields when the rows are
+    about to change, and no policy, abort or planning step finishes a request itself."""
+    verbs = {"drain_all", "drain", "apply", "take_handed", "hand_off"}
+    allowed = {
+        ("framework/engine/loop.py", "update_from_output"),
+        ("framework/engine/loop.py", "bring_home"),
+        ("framework/engine/held.py", "drain_all"),  # HeldTokens itself: drain, then apply
+        ("framework/engine/planner.py", "hand_off"),  # the queue move bring_home asks for
+    }
+    stray = []
+    for path in [*(ROOT / "framework").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in verbs
+                    and (rel, fn.name) not in allowed
+                    and ast.unparse(node.func.value).split(".")[-1]
+                    in {"held", "tokens", "planner", "self"}
+                    and rel.startswith(("framework/engine", "framework/cluster", "plugins"))
+                ):
+                    stray.append(f"{rel}:{node.lineno} in {fn.name}: {ast.unparse(node)}")
+    assert not stray, "held tokens reach requests outside the step's verbs: " + "; ".join(stray)
+
+
 def test_one_release_path() -> None:
     """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
     abort and a hand-off's sent KV all call it, so freeing, emptying the table and setting

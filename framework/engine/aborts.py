@@ -3,14 +3,15 @@ away (`abort`), or a stop string was found in the text (`stop_string`), as a ser
 
 `Aborts.abort` takes a request out in any state with its books closed: one not yet running
 holds nothing and ends at once; a running one ends at the start of the next step
-(`end_running`), after its held tokens have come home, its blocks back in the pool through the
-planner's one release.
+(`end_running`), after the step has brought its held tokens home (`Engine.bring_home`), its
+blocks back in the pool through the planner's one release.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from framework.engine.invariants import InvariantError
 from framework.engine.sequence import ABORTED, ENDED_OUTSIDE, STOP_STRING, Sequence, Status
 
 if TYPE_CHECKING:
@@ -52,12 +53,12 @@ class Aborts:
         return True
 
     def end_running(self) -> None:
-        """The running requests `abort` named leave the rows (at the start of a step); they
-        are announced with the step's finished requests."""
+        """The running requests `abort` named leave the rows (at the start of a step, their
+        held tokens already home); they are announced with the step's finished requests."""
         aborting, self.aborting = self.aborting, {}
         planner = self.planner
-        if self.held.count:  # the rows change: every held token reaches its request first
-            planner.drain_all()
+        if self.held.count:
+            raise InvariantError(f"{len(aborting)} rows end with {self.held.count} steps held")
         for seq, reason in aborting.items():
             if seq.finished or seq not in planner.running:  # its held tokens finished it
                 continue

@@ -280,9 +280,11 @@ class Engine:
         self.held.begin_step()
         self.planner.arrive(self.now())
         if self.aborts.aborting:
+            if self.held.count:  # the aborted rows leave: every held token home first
+                self.bring_home()
             self.aborts.end_running()
         transfers = self.counters.transfers
-        plan = self.planner.plan(self.timer)
+        plan = self._plan()
         if not plan.rows:
             self._idle()
             return None
@@ -304,6 +306,25 @@ class Engine:
         self.clock.account(self.timer.close(), len(batch.rows))
         self.steps.append(stats)
         return stats
+
+    def _plan(self) -> StepPlan:
+        """The planner's plan, bringing the held tokens home each time it asks (it yields
+        when the rows are about to change while tokens are on the device)."""
+        planning = self.planner.plan(self.timer)
+        while True:
+            try:
+                next(planning)
+            except StopIteration as done:
+                plan: StepPlan = done.value
+                return plan
+            self.bring_home()
+
+    def bring_home(self) -> None:
+        """Every held token reaches its request now (`HeldTokens.drain_all`: stops, finishes)
+        and the rows whose part here is done leave for their hand-off: with
+        `update_from_output`, the one place where tokens reach requests."""
+        self.held.drain_all()
+        self.planner.hand_off()
 
     def _idle(self) -> None:
         """Nothing runs this step: a scheduler that admits no one while requests wait and

@@ -10,15 +10,20 @@ books ask it to move what they end or send.
 The policies decide each part of a step's plan through a view; the planner checks every
 decision against the contract and the budgets, then applies it: blocks freed and allocated,
 requests moved between the queues. Its result, a `StepPlan` made once at the end, is all the
-batch build reads. Whenever the rows are about to change, every held token comes home first
-(`drain_all`). A view's questions (a chunk, a prefix lookup, the allocator's veto) are
+batch build reads. A view's questions (a chunk, a prefix lookup, the allocator's veto) are
 answered by `Lookups`, which holds no queue.
+
+The planner never brings a held token home itself. Whenever the rows are about to change while
+tokens are still on the device, `plan` yields: the step brings every held token to its request
+(`Engine.bring_home`, the one place outside `update_from_output` where tokens reach requests)
+and resumes it, and the planner looks again at what those tokens changed.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 from framework.api.guard import Guarded
 from framework.api.policy import EngineView, PolicyError, QueueView
@@ -34,6 +39,9 @@ from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
 from framework.engine.view_factory import make_frozen
+
+T = TypeVar("T")
+Planning = Generator[None, None, T]  # yields: bring the held tokens home (module docstring)
 
 
 class Planner:
@@ -56,9 +64,7 @@ class Planner:
         self.counters = counters
         self.held = held
         self.steps = steps
-        # Nothing here refers back to the engine: an engine is freed (its KV cache with it)
-        # as soon as its last reference goes, not at the garbage collector's next pass.
-        self.clock = clock
+        self.clock = clock  # no reference back to the engine: it is freed with its last one
         self.displaces = True  # whether the scheduler has a `displace` of its own
         self.pauses = True  # whether it has a `pause` of its own
         self.lookups = Lookups(pool, policies)
@@ -76,27 +82,30 @@ class Planner:
         return PolicyError(f"{group} policy {self.p.names.get(group, '?')!r}{tag}: {msg}")
 
     # ---- the plan --------------------------------------------------------------------
-    def plan(self, timer: PhaseTimer) -> StepPlan:
-        """The step's decisions, each applied as made; the plan built once from their returns."""
-        evicted = self.evict()
+    def plan(self, timer: PhaseTimer) -> Planning[StepPlan]:
+        """The step's decisions, each applied as made; the plan built once from their returns.
+        Yields whenever the held tokens must come home first (the module docstring)."""
+        evicted = yield from self.evict()
         if self.handoffs.landed:
-            self.join_landed()
+            yield from self.join_landed()
         timer.lap("schedule")
-        preempted = self.grow()
+        preempted = yield from self.grow()
         timer.lap("allocate")
-        preempted += self.displace()
+        preempted += yield from self.displace()
         admitted, partial = self.choose()
         timer.lap("schedule")
+        if admitted and self.held.count:  # the rows change: held tokens reach their requests
+            yield
         cache_hits = self.admit(admitted)
         timer.lap("allocate")
-        rows = self.unpaused(admitted) if self.pauses else list(self.running)
+        rows = (yield from self.unpaused(admitted)) if self.pauses else list(self.running)
         paused = len(self.running) - len(rows)
         if paused:  # the paused rows compute nothing this step
             kept = set(map(id, rows))
             partial = {s: n for s, n in partial.items() if id(s) in kept}
         return StepPlan(rows, partial, cache_hits, evicted, preempted, len(admitted), paused)
 
-    def unpaused(self, admitted: list[Sequence]) -> list[Sequence]:
+    def unpaused(self, admitted: list[Sequence]) -> Planning[list[Sequence]]:
         """The running rows less those the scheduler pauses for this step (checked)."""
         paused = self.p.scheduler.pause(self.view(), admitted)
         if not paused:
@@ -111,7 +120,7 @@ class Planner:
         if not rows:
             raise self.fail("scheduler", f"paused all {len(paused)} running rows of the step")
         if any(s.num_held for s in paused):  # the paused rows' held tokens come home first
-            self.drain_all()
+            yield
             rows = [s for s in self.running if id(s) not in out]
         return rows
 
@@ -175,16 +184,11 @@ class Planner:
             planned=planned,
         )
 
-    # ---- held tokens home, and hand-offs (prefill/decode disaggregation) -------------
-    def drain_all(self) -> None:
-        """Every held token home; a request whose part here that ends leaves the rows."""
-        self.held.drain_all()
-        self.hand_off()
-
+    # ---- hand-offs (prefill/decode disaggregation) ------------------------------------
     def hand_off(self) -> None:
-        """Rows whose part here is done though they owe more tokens (`HeldTokens.handed`)
-        leave the running rows, their blocks still held, for the cluster to move: a
-        hand-off is not an eviction, so no scheduler is asked."""
+        """After held tokens came home: rows whose part here is done though they owe more
+        tokens (`HeldTokens.take_handed`) leave the running rows, their blocks still held,
+        for the cluster to move: a hand-off is not an eviction, so no scheduler is asked."""
         handed = self.held.take_handed()
         if not handed:
             return
@@ -193,7 +197,7 @@ class Planner:
             self.running.remove(seq)
             self.handoffs.send(seq, now, forward_s)
 
-    def join_landed(self) -> None:
+    def join_landed(self) -> Planning[None]:
         """Requests whose KV has landed join the running rows as decode rows while a row is
         free, ahead of any admission: their blocks are theirs since the reservation, and
         their prompt is computed (it came over the link)."""
@@ -201,12 +205,13 @@ class Planner:
         books, cap = self.handoffs, self.limits.max_num_seqs
         if not (books.landed[0][0] <= now and len(self.running) < cap):
             return
-        self.drain_all()  # the rows change: held tokens home first
+        if self.held.count:  # the rows change: held tokens home first
+            yield
         while books.landed and books.landed[0][0] <= now and len(self.running) < cap:
             self.join(books.land())
 
     # ---- evict, grow, displace -------------------------------------------------------
-    def evict(self) -> int:
+    def evict(self) -> Planning[int]:
         """Release the finished rows the scheduler names. Their held tokens come home first
         (the rows change), which may reveal more finished rows: the scheduler is asked again.
         It is asked only when a row has finished: with none, there is nothing it may name."""
@@ -214,7 +219,7 @@ class Planner:
             return 0
         evict = self.p.scheduler.evict(self.view())
         if evict and self.held.count:
-            self.drain_all()
+            yield
             evict = self.p.scheduler.evict(self.view())
         for seq in evict:
             if seq not in self.running or not seq.finished:
@@ -242,7 +247,7 @@ class Planner:
         over = len(seq.block_table) * self.pool.block_size - seq.max_len
         return over if over > 0 else 0
 
-    def grow(self) -> int:
+    def grow(self) -> Planning[int]:
         """Give running rows the blocks this step writes into; preempt while the pool is dry.
         Held tokens are already in the cache, so a row's lookahead is its `num_held`."""
         preempted = 0
@@ -268,7 +273,7 @@ class Planner:
             if short <= 0:
                 break
             if self.held.count:  # the rows are about to change: every held token home first
-                self.drain_all()
+                yield
                 continue
             victims = self.p.preemption.victims(self.view(), short)
             if not victims:
@@ -287,13 +292,13 @@ class Planner:
         # maps each written position to its slot (`short_table`).
         return preempted
 
-    def displace(self) -> int:
+    def displace(self) -> Planning[int]:
         """Preempt the running rows the scheduler displaces for a waiting request."""
         if not self.displaces:
             return 0
         victims = self.p.scheduler.displace(self.view())
         if victims and self.held.count:  # rows change: held tokens home first, ask again
-            self.drain_all()
+            yield
             victims = self.p.scheduler.displace(self.view())
         for v in victims:
             if v not in self.running or v.finished:
@@ -362,10 +367,8 @@ class Planner:
                 f"step of {tokens} tokens exceeds engine.max_num_batched_tokens = "
                 f"{lim.max_num_batched_tokens}",
             )
-        if blocks > self.pool.num_free:
-            raise self.fail(
-                "scheduler", f"admissions need {blocks} blocks, {self.pool.num_free} are free"
-            )
+        if blocks > (free := self.pool.num_free):
+            raise self.fail("scheduler", f"admissions need {blocks} blocks, {free} are free")
         if self.pool.layout != "paged" and not self.pool.can_place(prices):
             raise self.fail(
                 "scheduler",
@@ -411,8 +414,6 @@ class Planner:
         """The chosen requests join the running rows, with their blocks; returns the cached
         tokens each found (a prefix cache's), which its forward reads and does not compute."""
         cache_hits: dict[Sequence, int] = {}
-        if admit:  # the rows change: held tokens must reach their requests first
-            self.drain_all()
         # Every admission's cached blocks are taken before any fresh block is handed out:
         # a fresh allocation may evict a cached block nobody holds, and one that a later
         # admission of this step was charged as cached must still be there for it.
@@ -437,10 +438,8 @@ class Planner:
                 seq.num_computed = cache_hits[seq] = len(held) * bs
             seq.prefix_published = len(held)
             self.pool.count_admission(seq, self.counters)
-            if max(n, len(seq.block_table)) * bs < seq.num_tokens:
-                raise self.fail(
-                    "allocator", f"gave {seq.id} {n} blocks for {seq.num_tokens} tokens"
-                )
+            if max(n, len(seq.block_table)) * bs < (need := seq.num_tokens):
+                raise self.fail("allocator", f"gave {seq.id} {n} blocks for {need} tokens")
             seq.prefill_end = seq.total_len  # all of it is prefill, until the row samples
             if seq.admitted_at is None:
                 seq.admitted_at = self.now()
