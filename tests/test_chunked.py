@@ -210,7 +210,7 @@ def third_party(tiny: Any, cls: type[Scheduler], *over: str) -> Any:
         torch.float32,
         registry().pm.hook,
     )
-    engine.p.scheduler = cls(engine.p.scheduler.cfg)
+    engine.p.use("scheduler", cls(engine.p.scheduler.cfg))
     return engine
 
 

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.registry import registry
 from framework.cluster.link import Link, Overlap, Transfer, overlapped_bytes
@@ -319,7 +318,7 @@ def test_a_decode_replica_that_always_declines_stops_the_run_by_name(
 ) -> None:
     run = runner(shape, "cluster.replicas=2", "cluster.roles=[prefill,decode]")
     assert isinstance(run, ClusterRunner)
-    run.engines[1].p.allocator = Guarded(Decliner(), "allocator", "decliner", None)
+    run.engines[1].p.use("allocator", Decliner(), "decliner")
     with pytest.raises(PolicyError, match="every decode-capable replica is idle"):
         run.run([spec(0, [3, 4, 5], 4)], shape[1].eos_token_id)
 

@@ -91,7 +91,7 @@ def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
         torch.float32,
         registry().pm.hook,
     )
-    engine.p.scheduler = GreedyBadScheduler(engine.p.scheduler.cfg)
+    engine.p.use("scheduler", GreedyBadScheduler(engine.p.scheduler.cfg))
     with pytest.raises(
         PolicyError, match=r"scheduler policy 'continuous'.*exceeds engine.max_num_seqs"
     ):

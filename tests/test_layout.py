@@ -392,6 +392,43 @@ def test_tokens_reach_requests_only_in_the_steps_two_verbs() -> None:
     assert not stray, "held tokens reach requests outside the step's verbs: " + "; ".join(stray)
 
 
+def test_no_policy_is_changed_from_outside_its_class() -> None:
+    """The engine configures a policy only through what it hands it (a view, a setting at
+    construction, `Allocator.set_context`): no code under framework/ assigns an attribute of
+    a policy object (`<...>.scheduler.x = ...`, `setattr` on the policies), and the planner
+    and lookups hold the guarded policies by their type, not `Any`."""
+    groups = {"scheduler", "allocator", "preemption", "output"}
+    stray = []
+    for path in (ROOT / "framework").rglob("*.py"):
+        rel = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for t in assigned(node):
+                if (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Attribute)
+                    and t.value.attr in groups
+                ):
+                    stray.append(f"{rel}:{node.lineno}: {ast.unparse(t)}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and rel != "framework/engine/settings.py"  # GuardedPolicies.use, its own
+                and any(g in ast.unparse(node) for g in ("policies", ".p,", "policy"))
+            ):
+                stray.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not stray, "a policy's attribute set from outside: " + "; ".join(stray)
+    for rel in ("framework/engine/planner.py", "framework/engine/lookups.py"):
+        init = next(
+            n
+            for n in ast.walk(ast.parse((ROOT / rel).read_text(encoding="utf-8")))
+            if isinstance(n, ast.FunctionDef) and n.name == "__init__"
+        )
+        hints = {a.arg: ast.unparse(a.annotation) for a in init.args.args if a.annotation}
+        assert hints["policies"] == "GuardedPolicies", rel
+        assert "Any" not in hints.values(), f"{rel}: {hints}"
+
+
 def test_one_release_path() -> None:
     """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
     abort and a hand-off's sent KV all call it, so freeing, emptying the table and setting

@@ -174,8 +174,7 @@ def test_allocator_that_ignores_held_tokens_is_caught(tiny) -> None:
             torch.float32,
             registry().pm.hook,
         )
-        engine.p.allocator = NoLookaheadAllocator(PolicyConfig(name="no_lookahead"))
-        engine.p.names["allocator"] = "no_lookahead"
+        engine.p.use("allocator", NoLookaheadAllocator(PolicyConfig()), "no_lookahead")
         return engine.run(specs, tok.eos_token_id)
 
     assert summarize(run())["tokens_kept"] == 40  # immediate: nothing is held, no harm done

@@ -28,7 +28,6 @@ from hydra.errors import ConfigCompositionException
 import framework.api.registry
 from framework.api import hookspecs
 from framework.api.admission import admit_fcfs, admit_in_order, room_for
-from framework.api.guard import Guarded
 from framework.api.hookspecs import hookimpl
 from framework.api.policy import (
     EngineView,
@@ -355,7 +354,7 @@ def test_overriding_chunk_alone_serves_a_long_prompt_in_chunks(tiny: Any) -> Non
     for cls in (ContinuousScheduler, FourAtATime):
         cfg = make_cfg("model=tiny", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=2")
         engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
-        engine.p.scheduler = Guarded(cls(PolicyConfig()), "scheduler", "x", None)
+        engine.p.use("scheduler", cls(PolicyConfig()), "x")
         result = engine.run([spec], tok.eos_token_id)
         served[cls.__name__] = result.seqs[0]
     assert served["ContinuousScheduler"].status is Status.REJECTED

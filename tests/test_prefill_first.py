@@ -92,6 +92,6 @@ def test_a_pause_that_breaks_the_contract_is_named(tiny: Any, cls: type, expecte
     engine = build_engine(
         make_cfg(*BASE), model, torch.device("cpu"), torch.float32, registry().pm.hook
     )
-    engine.p.scheduler = cls(engine.p.scheduler.cfg)
+    engine.p.use("scheduler", cls(engine.p.scheduler.cfg))
     with pytest.raises(PolicyError, match=expected):
         engine.run(staggered(tok), tok.eos_token_id)

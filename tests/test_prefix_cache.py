@@ -509,7 +509,7 @@ def test_a_watermark_keeps_blocks_free_and_the_engine_enforces_a_decline(tiny: A
         torch.float32,
         registry().pm.hook,
     )
-    engine.p.scheduler = AdmitsAll(engine.p.scheduler.cfg)
+    engine.p.use("scheduler", AdmitsAll(engine.p.scheduler.cfg))
     with pytest.raises(PolicyError, match="which the allocator declines"):
         engine.run(specs, tok.eos_token_id)
 

@@ -8,17 +8,25 @@ not a bare traceback into someone else's package.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from framework.api.policy import PolicyError
 
+P = TypeVar("P")
 
-class Guarded:
-    """Wraps a policy object; every method call re-raises a crash as a named PolicyError."""
 
-    def __init__(self, policy: Any, group: str, name: str, provider: str | None) -> None:
+class Guarded(Generic[P]):
+    """Wraps a policy object; every method call re-raises a crash as a named PolicyError.
+    Typed by the policy it wraps, so a caller knows what it holds (`policy`)."""
+
+    def __init__(self, policy: P, group: str, name: str, provider: str | None) -> None:
         self._policy = policy
         self._label = f"{group} policy {name!r}" + (f" ({provider})" if provider else "")
+
+    @property
+    def policy(self) -> P:
+        """The policy itself, unguarded."""
+        return self._policy
 
     def unguarded(self, attr: str) -> Any:
         """The policy's own method, for a caller that guards a loop of calls at once with

@@ -273,8 +273,13 @@ class Allocator(ABC):
     # forward after its cached blocks (`allocator=prefix_cache`).
     caches_prefixes: bool = False
     # The model's context in tokens (`model.max_model_len`, or the model's own), told by the
-    # engine before its first step: what a reservation of the longest possible request books.
+    # engine before its first step (`set_context`): what a reservation of the longest
+    # possible request books.
     max_model_len: int | None = None
+
+    def set_context(self, max_model_len: int) -> None:
+        """The engine tells the allocator its model's context once, when it is built."""
+        self.max_model_len = max_model_len
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool:
         """May `seq` be admitted now, with `free_blocks` free after this step's earlier

@@ -15,17 +15,18 @@ counted may be evicted since.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from framework.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from framework.api.policy import EngineView
     from framework.engine.block_pool import BlockPool
+    from framework.engine.settings import GuardedPolicies
 
 
 class Lookups:
-    def __init__(self, pool: BlockPool, policies: Any) -> None:
+    def __init__(self, pool: BlockPool, policies: GuardedPolicies) -> None:
         self.pool = pool
         self.p = policies
         self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.api.guard import Guarded
 from framework.api.policy import PolicyError, Scheduler, overrides
 from framework.engine.aborts import Aborts
 from framework.engine.batch import StepBatch
@@ -44,7 +43,7 @@ from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.engine.replica_loss import lose_replica
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import ABORTED, Sequence, Status
-from framework.engine.settings import Limits, Policies
+from framework.engine.settings import GuardedPolicies, Limits, Policies
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
 
@@ -82,13 +81,9 @@ class Engine:
     ) -> None:
         self.executor = executor
         self.pool = pool
-        self.p = policies
         # The model's context, which a reservation rule may book whole (Orca's `max`).
-        policies.allocator.max_model_len = limits.max_model_len
-        for group in ("scheduler", "allocator", "preemption", "output"):
-            name = policies.names.get(group, "?")
-            guarded = Guarded(getattr(policies, group), group, name, policies.providers.get(group))
-            setattr(self.p, group, guarded)
+        policies.allocator.set_context(limits.max_model_len)
+        self.p = GuardedPolicies.of(policies)
         self.limits = limits
         self.hooks = hooks
         self.check_invariants = check_invariants

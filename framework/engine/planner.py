@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from framework.api.guard import Guarded
 from framework.api.policy import EngineView, PolicyError, QueueView
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
@@ -36,6 +35,7 @@ from framework.engine.lookups import Lookups
 from framework.engine.phases import PhaseTimer
 from framework.engine.replica_handoffs import ReplicaHandOffs
 from framework.engine.sequence import Sequence, Status
+from framework.engine.settings import GuardedPolicies, Limits
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
 from framework.engine.view_factory import make_frozen
@@ -48,8 +48,8 @@ class Planner:
     def __init__(
         self,
         pool: BlockPool,
-        policies: Any,  # Policies, each wrapped in its `Guarded` at run time
-        limits: Any,
+        policies: GuardedPolicies,
+        limits: Limits,
         counters: Counters,
         held: HeldTokens,
         steps: StepLog,
@@ -252,9 +252,8 @@ class Planner:
         Held tokens are already in the cache, so a row's lookahead is its `num_held`."""
         preempted = 0
         bs = self.pool.block_size
-        allocator = self.p.allocator
-        guarded = isinstance(allocator, Guarded)  # guarded once around the whole loop
-        grow = allocator.unguarded("blocks_to_grow") if guarded else allocator.blocks_to_grow
+        allocator = self.p.allocator  # guarded once around the whole loop
+        grow = allocator.unguarded("blocks_to_grow")
         while True:
             try:
                 # Only the rows that need blocks: most rows cross no block boundary in a step.
@@ -266,8 +265,6 @@ class Planner:
             except PolicyError:
                 raise
             except Exception as exc:
-                if not guarded:
-                    raise
                 raise allocator.failure("blocks_to_grow", exc) from exc
             short = sum(n for _, n in need) - self.pool.num_free
             if short <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from framework.api.guard import Guarded
     from framework.api.policy import Allocator
     from framework.engine.block_pool import BlockPool
     from framework.engine.sequence import Sequence
@@ -13,7 +14,11 @@ if TYPE_CHECKING:
 
 
 def why_never(
-    seq: Sequence, pool: BlockPool, limits: Limits, allocator: Allocator, cuts_prefills: bool
+    seq: Sequence,
+    pool: BlockPool,
+    limits: Limits,
+    allocator: Guarded[Allocator],
+    cuts_prefills: bool,
 ) -> str | None:
     """A request that no schedule can ever serve is rejected up front, with the reason."""
     if seq.max_len > limits.max_model_len:
