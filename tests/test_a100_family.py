@@ -322,7 +322,7 @@ def test_the_sliding_window_bounds_what_attention_reads() -> None:
     class Row:  # what StepFeatures.of reads of a batch row
         def __init__(self, q: int, ctx: int) -> None:
             self.token_ids, self.ctx_len, self.start_pos = [0] * q, ctx, ctx - q
-            self.samples, self.discard = True, False
+            self.samples, self.padding = True, False
             self.sampling = type("S", (), {"greedy": True})()
 
     batch = type("B", (), {"rows": [Row(1, 10_000), Row(1, 100)]})()

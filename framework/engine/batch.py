@@ -25,10 +25,10 @@ class Row:
     # reads shapes only (`reads_slots = False`: the simulator).
     slots: list[int]
     block_table: list[int]  # the row's blocks; positions 0..ctx_len-1 are read through it
-    ctx_len: int  # positions the row attends to (its new tokens included, unless discarded)
+    ctx_len: int  # positions the row attends to (its new tokens included, unless padding)
     sampling: SamplingParams
     token_index: int  # which output token this row samples (seeds its draw)
-    discard: bool = False  # computed, but nobody keeps its token (a finished row in a static batch)
+    padding: bool = False  # a finished row a static batch keeps: computed, its token thrown away
     # False for a prefill chunk that stops short of its sequence's end: computed into the
     # cache, nothing sampled (no token, no seeded draw, no stop check).
     samples: bool = True

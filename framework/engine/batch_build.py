@@ -94,7 +94,7 @@ class BatchBuilder:
                             seq.num_computed,
                             seq.sampling,
                             index,
-                            discard=True,
+                            padding=True,
                             prefill=False,
                         )
                     )

@@ -45,7 +45,7 @@ class HeldStep:
     """Sampled tokens of one step still on the device, and the rows that produced them."""
 
     rows: list[Sequence]
-    discard: list[bool]  # rows whose token nobody keeps
+    unkept: list[bool]  # rows whose token nobody keeps (padding, or a chunk that samples none)
     pending: Pending
     window: float  # the output policy's window when these were sampled
     # When these tokens exist on the device, on a virtual clock whose device runs apart
@@ -57,7 +57,7 @@ class HeldStep:
 
     @property
     def kept_rows(self) -> int:
-        return len(self.discard) - sum(self.discard)
+        return len(self.unkept) - sum(self.unkept)
 
 
 Drained = list[tuple[HeldStep, list[int]]]
@@ -123,8 +123,8 @@ class HeldTokens:
         its tokens reach no request. Returns the tokens lost."""
         lost = 0
         for held in self.on_device:
-            for seq, discard in zip(held.rows, held.discard, strict=True):
-                if not discard:
+            for seq, unkept in zip(held.rows, held.unkept, strict=True):
+                if not unkept:
                     seq.num_held -= 1
             lost += held.kept_rows
         self.counters.held_tokens -= lost
@@ -143,14 +143,14 @@ class HeldTokens:
     def hold(
         self,
         rows: list[Sequence],
-        discard: list[bool],
+        unkept: list[bool],
         result: ExecResult,
         window: float,
         at: float,
     ) -> None:
         """A step's sampled tokens join the held steps; their copy home starts now."""
         pending = self.readback.start(result.tokens)
-        held = HeldStep(rows, discard, pending, window, at, result.forward_s)
+        held = HeldStep(rows, unkept, pending, window, at, result.forward_s)
         self.on_device.append(held)
         if result.span is not None:
             self.unread.append((len(self.log), held, result.span))
@@ -246,8 +246,8 @@ class HeldTokens:
         for h, values in drained:
             window = h.window
             counters.held_tokens -= h.kept_rows
-            for seq, discard, token in zip(h.rows, h.discard, values, strict=True):
-                if discard:
+            for seq, unkept, token in zip(h.rows, h.unkept, values, strict=True):
+                if unkept:
                     continue
                 seq.num_held -= 1
                 if seq.finish_reason is not None:

@@ -367,7 +367,7 @@ class Engine:
         wasted = states = 0
         unkept: list[bool] = []  # rows whose token nobody keeps
         for seq, row in zip(rows, batch.rows, strict=True):
-            if row.discard:
+            if row.padding:
                 wasted += 1
                 unkept.append(True)
                 states += seq.num_computed

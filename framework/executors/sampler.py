@@ -94,7 +94,7 @@ def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) 
     drawn = [
         i
         for i, row in enumerate(rows)
-        if not (row.sampling.greedy or row.discard or not row.samples)  # no draw unkept
+        if not (row.sampling.greedy or row.padding or not row.samples)  # no draw unkept
     ]
     if not drawn:
         return tokens

@@ -1,4 +1,4 @@
-"""From a composed config to a finished run: load, build, serve, check, write, report."""
+"""From a composed config to a finished run: load, build, run the batch, check, write, report."""
 
 from __future__ import annotations
 
@@ -349,7 +349,7 @@ def decode_outputs(tokenizer: Any, result: RunResult) -> dict[str, str]:
     return {s.id: text for s, text in zip(result.seqs, texts, strict=True)}
 
 
-def serve(
+def run_batch(
     cfg: DictConfig, output_dir: Path, hooks: Any, loaded: tuple[Any, ...] | None = None
 ) -> RunInfo:
     """Run one configured job end to end and write its results into `output_dir`.

@@ -40,7 +40,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"
 
 def main(argv: Sequence[str] | None = None, job: Callable[..., Any] | None = None) -> int:
     """Run the command line `argv` (default: `sys.argv[1:]`) and return the exit status.
-    `job` runs the composed config (default: a batch run, `framework.run.app.serve`;
+    `job` runs the composed config (default: a batch run, `framework.run.app.run_batch`;
     `serve.py` passes the HTTP server's)."""
     args = list(sys.argv[1:] if argv is None else argv)
     reg = registry()

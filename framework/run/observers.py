@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.api.registry import registry
-from framework.run.app import RunInfo, serve
+from framework.run.app import RunInfo, run_batch
 from framework.run.errors import UserError
 
 
@@ -20,7 +20,7 @@ def run_with_observers(
     loaded: tuple[Any, ...] | None = None,
     runner: Callable[..., RunInfo] | None = None,
 ) -> RunInfo:
-    """`runner` (default `serve`, a batch run) with `(cfg, output_dir, hooks, loaded)`; the
+    """`runner` (default `run_batch`) with `(cfg, output_dir, hooks, loaded)`; the
     HTTP server (`framework.serve.server.serve_http`) is run the same way."""
     reg = registry()
     attached: list[Any] = []
@@ -35,7 +35,7 @@ def run_with_observers(
             obs = factory(cfg)
             reg.pm.register(obs, name=f"observer:{name}")
             attached.append(obs)
-        return (runner or serve)(cfg, Path(output_dir), reg.pm.hook, loaded)
+        return (runner or run_batch)(cfg, Path(output_dir), reg.pm.hook, loaded)
     finally:
         for obs in attached:
             reg.pm.unregister(obs)

@@ -76,7 +76,7 @@ class StepFeatures:
                 prefill_rows += 1
                 prefill_tokens += q
                 prefill_attn += q_ctx
-            if row.samples and not row.discard and not row.sampling.greedy:
+            if row.samples and not row.padding and not row.sampling.greedy:
                 random += 1
         tokens = prefill_tokens + decode_rows
         return make_frozen(  # every step: without the frozen __init__'s per-field setattr
