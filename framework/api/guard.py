@@ -17,16 +17,11 @@ P = TypeVar("P")
 
 class Guarded(Generic[P]):
     """Wraps a policy object; every method call re-raises a crash as a named PolicyError.
-    Typed by the policy it wraps, so a caller knows what it holds (`policy`)."""
+    Typed by the policy it wraps (`Guarded[Allocator]`), so a caller knows what it holds."""
 
     def __init__(self, policy: P, group: str, name: str, provider: str | None) -> None:
         self._policy = policy
         self._label = f"{group} policy {name!r}" + (f" ({provider})" if provider else "")
-
-    @property
-    def policy(self) -> P:
-        """The policy itself, unguarded."""
-        return self._policy
 
     def unguarded(self, attr: str) -> Any:
         """The policy's own method, for a caller that guards a loop of calls at once with
