@@ -21,7 +21,7 @@ steps: it is paused while the others step and while the router decides.
 
 Replica failures (`cluster.faults`, `framework.cluster.outages`) are events of the same axis
 (`framework.cluster.failover`): a replica that fails loses what it held
-(`framework.engine.replica_loss`); the unfinished requests go back to the router, which
+(`framework.cluster.replica_loss`); the unfinished requests go back to the router, which
 places them on the live replicas (a request arriving while none is live waits for the
 first to come back); routers see only the live replicas; a replica back starts empty.
 
@@ -42,6 +42,7 @@ from framework.cluster.failover import FaultSchedule
 from framework.cluster.handoffs import Disaggregation
 from framework.cluster.link import TransferRecord
 from framework.cluster.outages import Outage, OutageRecord
+from framework.cluster.replica_loss import lose_replica
 from framework.engine.loop import Engine, RunResult
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import Sequence, Status
@@ -174,7 +175,7 @@ class Cluster:
         r, engine = event.replica, self.engines[event.replica]
         engine.clock.wait_until(at)
         if event.down:
-            copies = engine.fail()
+            copies = lose_replica(engine)
             faults.went_down(r, at, len(copies))
             held: list[RequestSpec | Sequence] = list(copies)
         else:

@@ -52,6 +52,10 @@ class Aborts:
         self._end(seq, reason)
         return True
 
+    def forget_all(self) -> None:
+        """Drop the aborts still to carry out (their replica is lost: the rows go anyway)."""
+        self.aborting.clear()
+
     def end_running(self) -> None:
         """The running requests `abort` named leave the rows (at the start of a step, their
         held tokens already home); they are announced with the step's finished requests."""

@@ -40,7 +40,6 @@ from framework.engine.planner import Planner
 from framework.engine.readback import Readback
 from framework.engine.rejection import why_never
 from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
-from framework.engine.replica_loss import lose_replica
 from framework.engine.request import RequestSpec
 from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.settings import GuardedPolicies, Limits, Policies
@@ -232,12 +231,6 @@ class Engine:
         """End `seq` before its stop or length (`Aborts.abort`); between steps only."""
         if self.aborts.abort(seq, reason):
             self._notify([seq])
-
-    def fail(self) -> list[Sequence]:
-        """This replica is lost now (`replica_loss.lose_replica`): the copies of the
-        unfinished requests it held, for the cluster to re-route."""
-        self.aborts.aborting.clear()
-        return lose_replica(self.planner)
 
     def take_over(self, copy: Sequence) -> None:
         """A request re-routed from a failed replica (`Sequence.copy_for`) joins the

@@ -1,4 +1,7 @@
 """A replica lost (a cluster's `cluster.faults`): what it held goes, with its books closed.
+The cluster does it to the engine through the engine's own primitives (the planner's queues
+and its one release, the held tokens' `lose_all`, the pool's `forget_all`); one engine knows
+nothing of failures.
 
 A replica that fails loses its device: its KV cache and the sampled tokens still on it (held
 by the output policy) are gone. What its clients already received stays theirs. So each
@@ -22,14 +25,16 @@ from framework.engine.invariants import InvariantError
 from framework.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from framework.engine.planner import Planner
+    from framework.engine.loop import Engine
 
 
-def lose_replica(planner: Planner) -> list[Sequence]:
-    """Fail the replica whose queues `planner` owns, now: every unfinished request it holds
-    leaves it, lost, and its copies to re-route are returned, oldest arrival first.
-    Finished rows a static batch still keeps are released as finished (their clients have
-    every token)."""
+def lose_replica(engine: Engine) -> list[Sequence]:
+    """Fail `engine`, a replica, now: every unfinished request it holds leaves it, lost, and
+    its copies to re-route are returned, oldest arrival first. Finished rows a static batch
+    still keeps are released as finished (their clients have every token); the aborts it
+    was to carry out at its next step are dropped with the rest."""
+    engine.aborts.forget_all()
+    planner = engine.planner
     counters = planner.counters
     if planner.handoffs:
         raise InvariantError("a replica holding KV hand-offs cannot fail (cluster.roles)")
