@@ -462,3 +462,17 @@ def test_bad_disaggregation_input_is_one_line(
     base = [a for a in base if not (a.startswith("executor.") and "executor=model" in overrides)]
     status, _, err = cli(capsys, *base, *overrides)
     assert_refused(status, err, expected)
+
+
+def test_only_replicas_with_roles_keep_hand_off_books(shape: tuple[Any, Any]) -> None:
+    """One engine, and a cluster without roles, carry no hand-off state; a cluster with
+    roles opens the books on every replica. A hand-off asked of an engine with none is an
+    invariant error, not a silent no-op."""
+    from framework.engine.invariants import InvariantError
+
+    plain = runner(shape, "cluster.replicas=2")
+    assert all(e.handoffs is None for e in plain.engines)
+    roles = runner(shape, "cluster.replicas=2", "cluster.roles=[prefill,decode]")
+    assert all(e.handoffs is not None and not e.handoffs for e in roles.engines)
+    with pytest.raises(InvariantError, match="no role"):
+        plain.engines[0].take_handed_off()

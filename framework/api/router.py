@@ -77,7 +77,8 @@ class ReplicaView:
         """Requests routed here and not running: not yet arrived at its clock, or queued;
         on a decode replica also those whose KV is on its way here or has landed."""
         e = self._engine
-        return len(e.pending) + len(e.waiting) + len(e.handoffs.receiving)
+        landing = len(e.handoffs.receiving) if e.handoffs is not None else 0
+        return len(e.pending) + len(e.waiting) + landing
 
     @property
     def running(self) -> int:
@@ -109,7 +110,7 @@ class ReplicaView:
         held = [
             *e.pending,
             *e.waiting,
-            *e.handoffs.receiving.values(),
+            *(e.handoffs.receiving.values() if e.handoffs is not None else ()),
             *(s for s in e.running if not s.finished),
         ]
         return sum(max(0, s.sampling.max_tokens - len(s.output_token_ids)) for s in held)

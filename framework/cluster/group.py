@@ -218,7 +218,7 @@ class Cluster:
         engine = self.engines[index]
         if engine.running or (engine.waiting and index not in self.stalled):
             return engine.now()
-        if engine.pending or engine.handoffs.landed:
+        if engine.pending or (engine.handoffs is not None and engine.handoffs.landed):
             return max(engine.now(), engine.next_work())
         return float("inf")
 

@@ -74,6 +74,8 @@ class Disaggregation:
         layerwise: bool = False,
     ) -> None:
         self.engines = engines
+        for e in engines:  # every replica may hand off or receive: each keeps the books
+            e.open_handoff_books()
         self.roles = roles
         self.decoders = [i for i, r in enumerate(roles) if r in ("decode", "mixed")]
         if not self.decoders:
@@ -199,7 +201,7 @@ class Disaggregation:
                 f"{requests} requests"
             )
         for i, e in enumerate(self.engines):
-            if e.handoffs or e.handoffs.landed:
+            if e.handoffs is not None and (e.handoffs or e.handoffs.landed):
                 raise InvariantError(f"replica {i} still holds KV for a transfer")
         for r in self.records:
             if self.decode_of.get(r.id) != r.dst:

@@ -7,11 +7,11 @@ Each phase is a call into the object that owns it: the `planner` (the one owner 
 queues: which rows the forward computes, every policy decision checked and applied, every
 release), the batch build (the plan's rows packed for the executor; it reads the plan alone),
 the held tokens (sampled tokens on the device until the output policy lets them home). Ends
-from outside (`aborts`) and a cluster's hand-offs (`planner.handoffs`) are objects of their
-own. The pool hides whether prefixes are cached (`block_pool`, `prefix_cache`). Every
-mutation of sequences and blocks happens in these objects, after the engine has validated
-the policy's decision, so the invariants live in one place and are checked every step
-(`invariants`). The clock is given once, when the engine is built.
+from outside (`aborts`) and a cluster replica's hand-offs (`planner.handoffs`, kept only by a
+replica with a role) are objects of their own. The pool hides whether prefixes are cached
+(`block_pool`, `prefix_cache`). Every mutation of sequences and blocks happens in these
+objects, after the engine has validated the policy's decision, so the invariants live in one
+place and are checked every step (`invariants`). The clock is given once, when the engine is built.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from framework.engine.counters import Counters, StepStats
 from framework.engine.executor import ExecResult, Executor, describe
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
-from framework.engine.invariants import check_end, check_step
+from framework.engine.invariants import InvariantError, check_end, check_step
 from framework.engine.kv_usage import account_kv
 from framework.engine.phases import PhaseTimer
 from framework.engine.planner import Planner
@@ -123,8 +123,18 @@ class Engine:
         return self.planner.running
 
     @property
-    def handoffs(self) -> ReplicaHandOffs:
+    def handoffs(self) -> ReplicaHandOffs | None:  # None: no role (`open_handoff_books`)
         return self.planner.handoffs
+
+    def open_handoff_books(self) -> None:
+        """A replica with a role (`cluster.roles`) may hand requests off or receive them."""
+        if self.planner.handoffs is None:
+            self.planner.handoffs = ReplicaHandOffs()
+
+    def _books(self) -> ReplicaHandOffs:
+        if (books := self.planner.handoffs) is None:
+            raise InvariantError("a hand-off asked of a replica with no role (cluster.roles)")
+        return books
 
     @property
     def cuts_prefills(self) -> bool:
@@ -185,7 +195,8 @@ class Engine:
     @property
     def has_work(self) -> bool:
         q = self.planner
-        return bool(q.pending or q.waiting or q.running or q.handoffs.landed)
+        landed = q.handoffs is not None and q.handoffs.landed
+        return bool(q.pending or q.waiting or q.running or landed)
 
     def next_work(self) -> float:
         """When an engine with nothing queued or running next has something to do: its next
@@ -193,8 +204,9 @@ class Engine:
         times = []
         if self.planner.pending:
             times.append(self.planner.pending[0].arrival)
-        if self.planner.handoffs.landed:
-            times.append(self.planner.handoffs.landed[0][0])
+        books = self.planner.handoffs
+        if books is not None and books.landed:
+            times.append(books.landed[0][0])
         return min(times)
 
     def advance(self) -> StepStats | None:
@@ -241,12 +253,12 @@ class Engine:
     def take_handed_off(self) -> list[HandOff]:
         """The requests handed off since the last call (a prefill replica's, each after its
         first token), their blocks still held here until `release_sent`."""
-        return self.planner.handoffs.take()
+        return self._books().take()
 
     def reserve(self, seq: Sequence) -> Sequence | None:
         """Blocks for `seq`'s KV before it is sent (`ReplicaHandOffs.reserve`): the request
         as this replica will serve it, or None when it cannot be reserved now."""
-        copy = self.planner.handoffs.reserve(
+        copy = self._books().reserve(
             seq, self.pool, self.p.allocator, self.planner.view, self._fail
         )
         if copy is not None:
@@ -256,11 +268,11 @@ class Engine:
 
     def accept(self, copy: Sequence, at: float) -> None:
         """`copy`'s KV has landed in its reserved blocks at `at`."""
-        self.planner.handoffs.accept(copy, at)
+        self._books().accept(copy, at)
 
     def release_sent(self, seq: Sequence, at: float) -> None:
         """`seq`'s KV has reached its decode replica: its blocks here are freed."""
-        self.planner.release(self.planner.handoffs.sent(seq), Status.TRANSFERRED, at)
+        self.planner.release(self._books().sent(seq), Status.TRANSFERRED, at)
 
     # ---- one step --------------------------------------------------------------------
     def step(self) -> StepStats | None:
@@ -419,7 +431,7 @@ class Engine:
         check_step(
             batch,
             running=self.planner.running,
-            parked=self.planner.handoffs.parked(),
+            parked=self.handoffs.parked() if self.handoffs is not None else [],
             pool=self.pool,
             counters=self.counters,
             held_steps=self.held.count,

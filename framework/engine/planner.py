@@ -70,8 +70,8 @@ class Planner:
         self.lookups = Lookups(pool, policies)
         self._admit_counter = 0
         # A cluster's prefill/decode disaggregation: the requests handed off or arriving,
-        # each holding blocks outside the running rows (empty on one engine).
-        self.handoffs = ReplicaHandOffs()
+        # each holding blocks outside the running rows; None unless the cluster has roles.
+        self.handoffs: ReplicaHandOffs | None = None
 
     def now(self) -> float:
         return self.clock.now()
@@ -86,7 +86,7 @@ class Planner:
         """The step's decisions, each applied as made; the plan built once from their returns.
         Yields whenever the held tokens must come home first (the module docstring)."""
         evicted = yield from self.evict()
-        if self.handoffs.landed:
+        if self.handoffs is not None and self.handoffs.landed:
             yield from self.join_landed()
         timer.lap("schedule")
         preempted = yield from self.grow()
@@ -192,6 +192,8 @@ class Planner:
         handed = self.held.take_handed()
         if not handed:
             return
+        if self.handoffs is None:
+            raise InvariantError(f"{handed[0][0].id} handed off by a replica with no role")
         now = self.now()
         for seq, forward_s in handed:
             self.running.remove(seq)
@@ -203,6 +205,7 @@ class Planner:
         their prompt is computed (it came over the link)."""
         now = self.now()
         books, cap = self.handoffs, self.limits.max_num_seqs
+        assert books is not None  # called only with landed requests
         if not (books.landed[0][0] <= now and len(self.running) < cap):
             return
         if self.held.count:  # the rows change: held tokens home first
