@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from framework.api.registry import registry
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import ABORTED, STOP_STRING, Status
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import ABORTED, STOP_STRING, Status
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from tests.helpers import make_cfg

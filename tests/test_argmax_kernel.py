@@ -61,8 +61,8 @@ def test_refuses_what_it_does_not_read() -> None:
 
 
 def test_sampler_uses_the_given_argmax_for_greedy_rows() -> None:
+    from framework.core.request import SamplingParams
     from framework.engine.batch import Row
-    from framework.engine.request import SamplingParams
 
     logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(1))
     rows = [Row(f"r{i}", [1], 4, [4], [0], 5, SamplingParams(), 0) for i in range(3)]

@@ -16,7 +16,7 @@ from experiments.bench.probe import Probe
 from experiments.bench.rows import TIMES, make_row
 from experiments.toolkit.workloads import open_loop
 from framework.calibration.grid import fit_lengths
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.run.paths import DEFAULT_TRACE
 
 SYSTEMS = [

@@ -16,7 +16,7 @@ import torch
 
 from framework.api import EngineView, PolicyError, Scheduler, Sequence, chunk_prefill
 from framework.api.registry import registry
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from plugins.schedulers.sjf import SJFScheduler

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.run.summary import summarize
 from framework.workloads import build_workload
 from tests.helpers import make_cfg, run_engine

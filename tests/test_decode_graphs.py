@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from framework.api.registry import registry
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import HELD, Row, StepBatch
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors import cache_lease
 from framework.executors.decode_graphs import DecodeGraphs, buckets, choose_graphs
 from framework.executors.kernel_choice import Choice

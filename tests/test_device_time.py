@@ -21,10 +21,10 @@ from experiments.toolkit.config import REFERENCE
 from framework.calibration import fitting
 from framework.calibration.grid import quick_grid
 from framework.calibration.point_run import PointRun, Recorder, host_seconds
+from framework.core.request import SamplingParams
+from framework.core.step_stats import StepStats
 from framework.engine.batch import Row, StepBatch
-from framework.engine.counters import StepStats
 from framework.engine.held import DEVICE_TIMED, device_phases
-from framework.engine.request import SamplingParams
 from framework.engine.step_log import StepLog
 from framework.executors.device_time import DeviceSpan
 from framework.executors.simulated.cost import model_id

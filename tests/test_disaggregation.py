@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from framework.api.policy import PolicyError
 from framework.api.registry import registry
 from framework.cluster.link import Link, Overlap, Transfer, overlapped_bytes
-from framework.engine.sequence import Status
+from framework.core.sequence import Status
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.executors.sampler import gumbel
 from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.bench import ab, same_behaviour, same_speed
 from experiments.policy import window_sweep
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from framework.cluster.outages import parse_outages
-from framework.engine.sequence import Status
+from framework.core.sequence import Status
 from framework.run.summary import summarize
 from framework.tracking.plots import save_run_plots
 from tests.helpers import assert_refused, cli, make_cfg, spec, tokens

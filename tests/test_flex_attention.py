@@ -29,9 +29,9 @@ from hypothesis import given, settings
 from torch.nn.attention.flex_attention import create_mask
 
 from framework.api.registry import registry
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import Row, StepBatch
 from framework.engine.kv_cache import KVCache
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors import flex_paged
 from framework.executors import kernel_choice as kc
 from framework.executors import paged_attention as paged_attention_module

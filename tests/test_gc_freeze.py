@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from framework.api.registry import registry
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.gc_freeze import frozen_heap
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.run.app import build_engine
 from tests.helpers import make_cfg
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import Sequence, Status
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import Sequence, Status
 from framework.studies.goodput import main
 from framework.studies.goodput_report import sustained_warning
 from framework.studies.goodput_search import CapacityResult, find_capacity

@@ -19,7 +19,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.executors.model_loader import load_model
 from framework.run.summary import summarize
 from tests.helpers import (

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from framework.api.policy import EngineView, OutputView, PolicyError, Scheduler
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.block_pool import BlockPool, BlockPoolError
 from framework.engine.invariants import InvariantError, check_end
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.engine.view_factory import make_frozen
 from framework.executors.simulated.cost import StepCost
 from framework.executors.simulated.features import StepFeatures

@@ -109,8 +109,8 @@ def test_would_place_takes_back_trials_the_scheduler_did_not_admit() -> None:
     [("oracle", None, 25), ("pow2", None, 32), ("max", None, 2048), ("max", 100, 100)],
 )
 def test_reservation_rules(reserve: str, max_len: int | None, expected: int) -> None:
-    from framework.engine.request import RequestSpec, SamplingParams
-    from framework.engine.sequence import Sequence
+    from framework.core.request import RequestSpec, SamplingParams
+    from framework.core.sequence import Sequence
 
     alloc = WorstCaseAllocator(WorstCaseConfig(reserve=reserve, max_len=max_len))
     alloc.max_model_len = 2048

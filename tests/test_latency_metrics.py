@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import ABORTED, Sequence, Status
 from framework.engine.counters import Counters
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.run.summary import request_row, summarize
 from tests.helpers import cli
 

@@ -27,19 +27,22 @@ MAX_LINES = 450  # a module's length bound under framework/: one job a file
 
 # Which job may import which: each group only from those listed (and itself).
 MAY_IMPORT = {
-    "api": {"engine"},  # the contract names the engine's state a plugin reads
-    "workloads": {"engine"},
-    "engine": {"api"},
+    # the types the contract names (a request, a sequence, a step's numbers, a cached block),
+    # below both the contract and the engine
+    "core": set(),
+    "api": {"core"},  # the contract: it names the core types, never the engine
+    "workloads": {"core", "engine"},
+    "engine": {"core", "api"},
     # a cluster of engines behind a router: one engine knows nothing of it
-    "cluster": {"api", "engine"},
-    "executors": {"engine"},
-    "tracking": set(),  # MLflow, progress and plots read files and configs, not the engine
-    "run": {"api", "engine", "cluster", "executors", "workloads", "tracking"},
-    "serve": {"api", "engine", "executors", "workloads", "tracking", "run"},  # a run, online
+    "cluster": {"core", "api", "engine"},
+    "executors": {"core", "engine"},
+    "tracking": {"core"},  # MLflow, progress and plots read files and configs, not the engine
+    "run": {"core", "api", "engine", "cluster", "executors", "workloads", "tracking"},
+    "serve": {"core", "api", "engine", "executors", "workloads", "tracking", "run"},  # online
     # runs, sweeps and searches, compared; a reproduction builds its workloads once and reads
     # the simulated GPU's specs and model shapes its set-up is stated in
-    "studies": {"api", "engine", "cluster", "executors", "workloads", "run", "tracking"},
-    "calibration": {"engine", "executors", "workloads", "run", "tracking"},  # writes profiles
+    "studies": {"core", "api", "engine", "cluster", "executors", "workloads", "run", "tracking"},
+    "calibration": {"core", "engine", "executors", "workloads", "run", "tracking"},
 }
 
 
@@ -576,3 +579,32 @@ def test_the_architecture_layout_names_every_module_and_no_other() -> None:
 
 def subfolders(folder: Path) -> list[str]:
     return [d.name for d in folder.iterdir() if d.is_dir() and d.name != "__pycache__"]
+
+
+def test_the_contract_types_live_in_core_and_the_api_names_them() -> None:
+    """A plugin written against the README imports the contract's types from
+    `framework.api`; they are the core's own objects, and the contract imports no engine
+    module (MAY_IMPORT: api may depend on core alone)."""
+    import framework.api as api
+    from framework.core import cached_block, request, sequence, step_stats
+
+    assert api.Sequence is sequence.Sequence and api.Status is sequence.Status
+    assert api.RequestSpec is request.RequestSpec
+    assert api.SamplingParams is request.SamplingParams
+    assert api.StepStats is step_stats.StepStats and api.PHASES is step_stats.PHASES
+    assert api.CachedBlock is cached_block.CachedBlock
+    assert MAY_IMPORT["api"] == {"core"} and MAY_IMPORT["core"] == set()
+
+
+def test_routers_receive_views_never_an_engine() -> None:
+    """A router's `ClusterView` holds `ReplicaView`s (or `ReplicaState`s): what a router may
+    read is the contract's `Replica`, and the view keeps the replica it reads private."""
+    from framework.api.router import ReplicaView
+
+    assert ReplicaView.__slots__ == ("_engine", "index")
+    tree = ast.parse((ROOT / "framework/api/router.py").read_text(encoding="utf-8"))
+    named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(m.startswith("framework.engine") for m in named), named
+    for path in (ROOT / "plugins" / "routers").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "framework.engine" not in text and "._engine" not in text, path.name

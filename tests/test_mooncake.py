@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.executors.model_loader import load_tokenizer
 from framework.workloads import build_workload
 from tests.helpers import assert_refused, cli

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from framework.api.registry import registry
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.executors.sync_watch import SyncWatch, watched
 from framework.run.app import build_engine
 from tests.helpers import make_cfg, spec

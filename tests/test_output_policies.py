@@ -16,8 +16,8 @@ import pytest
 
 from framework.api.hookspecs import hookimpl  # noqa: F401  (documents where policies come from)
 from framework.api.policy import Allocator, PolicyConfig, PolicyError
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import Sequence
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import Sequence
 from framework.run.summary import summarize
 from plugins.output.adaptive import best_window
 from tests.helpers import hf_greedy, make_cfg, run_engine

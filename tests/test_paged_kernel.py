@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.kv_cache import KVCache
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors.kernels.paged_decode import available, why_not
 from framework.executors.paged_attention import PagedBatch, _decode
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine

@@ -37,8 +37,8 @@ from framework.api.policy import (
     Scheduler,
 )
 from framework.api.registry import PluginError, Registry, UnknownPolicyError, registry
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import Sequence, Status
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import Sequence, Status
 from framework.run.preflight import unknown_policies
 from framework.run.summary import summarize
 from plugins.preemption.priority import PriorityPreemption, PriorityPreemptionConfig

@@ -307,7 +307,7 @@ def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
     worth cached, and computes at least its last token."""
     model, tok = tiny
     prompt = list(range(100, 116))  # 16 tokens: four full blocks
-    from framework.engine.request import RequestSpec, SamplingParams
+    from framework.core.request import RequestSpec, SamplingParams
 
     specs = [
         RequestSpec(f"r{i}", prompt, SamplingParams(max_tokens=3, ignore_eos=True))
@@ -325,7 +325,7 @@ def test_a_hit_never_covers_the_whole_prompt(tiny: Any) -> None:
 def questions_on_one_prefix(n: int, max_tokens: int) -> list[Any]:
     """`n` prompts of 47 tokens: one 40-token prefix (ten full blocks) and 7 tokens each of
     their own, queued in order."""
-    from framework.engine.request import RequestSpec, SamplingParams
+    from framework.core.request import RequestSpec, SamplingParams
 
     prefix = list(range(100, 140))
     return [

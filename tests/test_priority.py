@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.run.summary import summarize
 from tests.helpers import make_cfg, run_engine
 

@@ -29,8 +29,8 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from tests.helpers import check_same_greedy, make_cfg

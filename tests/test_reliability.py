@@ -20,8 +20,8 @@ from framework.api.faults import GuardedHooks, HookError
 from framework.api.hookspecs import hookimpl
 from framework.api.policy import PolicyError
 from framework.api.registry import Provider, registry
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.invariants import InvariantError
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.run.errors import Refused, UserError
 from framework.run.observers import run_with_observers
 from framework.run.summary import summarize

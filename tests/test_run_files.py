@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import Sequence
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import Sequence
 from framework.run import outputs_jsonl
 from framework.run.outputs_jsonl import write_outputs
 from framework.tracking.run_files import read_text, run_file

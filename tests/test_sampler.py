@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from framework.core.request import SamplingParams
 from framework.engine.batch import Row
-from framework.engine.request import SamplingParams
 from framework.executors.sampler import draw_seed, filter_logits, gumbel, sample, uniforms
 from framework.executors.sync_watch import SyncWatch
 

@@ -26,8 +26,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")  # what `openai` uses
 
 from framework.api.registry import registry  # noqa: E402
-from framework.engine.request import RequestSpec, SamplingParams  # noqa: E402
-from framework.engine.sequence import Sequence  # noqa: E402
+from framework.core.request import RequestSpec, SamplingParams  # noqa: E402
+from framework.core.sequence import Sequence  # noqa: E402
 from framework.run.app import RunInfo  # noqa: E402
 from framework.serve.server import Running, serve_http  # noqa: E402
 from tests.helpers import make_cfg, run_engine  # noqa: E402

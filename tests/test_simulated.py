@@ -26,10 +26,10 @@ import yaml
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import Row
 from framework.engine.clock import VirtualClock
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors.sampler import draw_seed
 from framework.executors.simulated.cost import FORMAT, HostCost, StepCost
 from framework.executors.simulated.executor import SimulatedExecutor

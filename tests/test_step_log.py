@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.engine.counters import PHASES, STEP_COLUMNS, StepStats, step_value
+from framework.core.step_stats import PHASES, STEP_COLUMNS, StepStats, step_value
 from framework.engine.step_log import StepLog, merged
 from framework.run import steps_csv
 from framework.run.steps_csv import write_steps

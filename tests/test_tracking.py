@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 
 from framework.api.hookspecs import hookimpl
 from framework.api.registry import registry
-from framework.engine.counters import STEP_COLUMNS
+from framework.core.step_stats import STEP_COLUMNS
 from framework.run import steps_csv
 from framework.run.observers import run_with_observers
 from framework.run.steps_csv import write_steps

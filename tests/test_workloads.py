@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.workloads import build_workload, register_workload_configs
 from framework.workloads.chat import load_chat_prompts
 from framework.workloads.text import corpus_text, corpus_token_ids

@@ -40,7 +40,7 @@ from experiments.bench.probe import decode_steps
 from experiments.toolkit import cli
 from experiments.toolkit.config import TIMED
 from experiments.toolkit.report import write_rounded_csv
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg
 from framework.run.greedy_check import compare_greedy

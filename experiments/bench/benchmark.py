@@ -60,7 +60,7 @@ from experiments.toolkit.workloads import (
     open_loop,
     straggler_specs,
 )
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.run.app import build_engine, check_before_loading, load, resolve_device
 from framework.run.compose import compose_cfg
 from framework.run.in_process import NullHooks, threads_kept

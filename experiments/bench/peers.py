@@ -30,8 +30,8 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.streamers import BaseStreamer
 
-from framework.engine.counters import StepStats
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
+from framework.core.step_stats import StepStats
 from framework.executors.layer_glue import eager_glue
 from framework.executors.packed_linear import stock_linears
 

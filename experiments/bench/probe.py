@@ -34,8 +34,8 @@ from transformers import DynamicCache
 
 from experiments.bench.peers import plain_hf
 from framework.calibration.machine_load import best_time, sync
-from framework.engine.counters import StepStats
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
+from framework.core.step_stats import StepStats
 from framework.executors.packed_linear import packable
 
 

@@ -15,7 +15,7 @@ from experiments.bench.systems import PEERS, plan, serve
 from experiments.toolkit.config import REFERENCE, Combo
 from experiments.toolkit.engine import Context
 from experiments.toolkit.report import percentile
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.run.greedy_check import compare_greedy
 
 TIMES = ("wall_s", "tokens_per_s", "requests_per_s", "ttft_p50", "ttft_p99", "tpot_p50")

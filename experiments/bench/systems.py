@@ -13,7 +13,7 @@ from experiments.bench.peers import Served, hf_cb, hf_static
 from experiments.toolkit.config import REFERENCE, Combo, combo_overrides
 from experiments.toolkit.engine import Context
 from experiments.toolkit.workloads import fixed_specs
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.run.app import build_engine
 from framework.run.compose import compose_cfg
 from framework.run.in_process import NullHooks

@@ -40,8 +40,8 @@ import torch
 
 from experiments.toolkit import cli
 from framework.api.registry import registry
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import Row, StepBatch
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.executors.simulated.analytic import AnalyticProfile
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.sync_watch import SyncWatch

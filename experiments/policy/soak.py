@@ -34,7 +34,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
-from framework.engine.counters import StepStats
+from framework.core.step_stats import StepStats
 from framework.engine.loop import RunResult
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
 from framework.api.registry import registry
-from framework.engine.counters import HOST_PHASES, PHASES
+from framework.core.step_stats import HOST_PHASES, PHASES
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg
 from framework.run.paths import OUTPUTS

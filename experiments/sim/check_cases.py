@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from experiments.toolkit.config import REFERENCE, Combo
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 
 DEFERRED: Combo = ("continuous", "incremental", "deferred")
 SCHEDULERS = ("static", "continuous", "priority", "sjf")

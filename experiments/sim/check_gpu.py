@@ -57,8 +57,8 @@ from experiments.toolkit.report import num, percent
 from experiments.toolkit.workloads import azure_specs, straggler_specs
 from framework.calibration.analytic_profile import write as write_analytic
 from framework.calibration.grid import brief_cuda_grid, quick_grid
+from framework.core.request import RequestSpec
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
 from framework.executors.simulated.analytic import AnalyticProfile
 from framework.executors.simulated.cost import read_profile
 from framework.executors.simulated.gpu.hardware import load_hardware_spec

@@ -15,8 +15,8 @@ from experiments.toolkit.config import REFERENCE
 from framework.calibration.analytic_profile import prefill_step
 from framework.calibration.grid import CANARY, PREFILL_CANARY, workload
 from framework.calibration.machine_load import cpu_seconds, foreign_share
+from framework.core.request import RequestSpec
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
 from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import read_profile
 from framework.executors.simulated.load import load_cost_model

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from experiments.sim.check_sides import Runs, makespan
-from framework.engine.counters import HOST_PHASES
+from framework.core.step_stats import HOST_PHASES
 from framework.engine.loop import RunResult
 from framework.executors.simulated.features import NAMES
 from framework.run.summary import summarize

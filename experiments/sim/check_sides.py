@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 from experiments.sim.check_cases import Case
 from experiments.toolkit.engine import Context
+from framework.core.request import RequestSpec
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import TokenStreams
 from framework.run.app import build_engine

@@ -104,7 +104,7 @@ from experiments.toolkit.config import REFERENCE, TIMED
 from experiments.toolkit.engine import Context
 from experiments.toolkit.report import percent
 from experiments.toolkit.workloads import azure_specs, open_loop, straggler_specs
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.executors.simulated.cost import read_profile
 from framework.run.app import check_before_loading, load, resolve_device
 from framework.run.compose import compose_cfg

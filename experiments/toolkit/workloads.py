@@ -14,7 +14,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from framework.calibration.grid import fit_lengths
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.run.compose import compose_cfg
 from framework.workloads import build_workload
 from framework.workloads.synthetic import sample_arrivals

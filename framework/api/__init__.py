@@ -31,10 +31,10 @@ from framework.api.policy import (
     Scheduler,
 )
 from framework.api.router import ClusterView, Replica, ReplicaView, Router, RouterConfig
-from framework.engine.counters import PHASES, StepStats
-from framework.engine.prefix_cache import CachedBlock
-from framework.engine.request import RequestSpec, SamplingParams
-from framework.engine.sequence import Sequence, Status
+from framework.core.cached_block import CachedBlock
+from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sequence import Sequence, Status
+from framework.core.step_stats import PHASES, StepStats
 
 __all__ = [
     "API_VERSION",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from framework.api.policy import EngineView
-from framework.engine.sequence import Sequence
+from framework.core.sequence import Sequence
 
 OrderKey = Callable[[Sequence], Any]
 

@@ -90,8 +90,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
-    from framework.engine.prefix_cache import CachedBlock
-    from framework.engine.sequence import Sequence
+    from framework.core.cached_block import CachedBlock
+    from framework.core.sequence import Sequence
 
 API_VERSION = 2
 

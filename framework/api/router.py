@@ -16,6 +16,7 @@ config's fields are the router's options (`router.<field>=...`). A router with a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 from framework.api.policy import PolicyConfig
 
 if TYPE_CHECKING:
-    from framework.engine.loop import Engine
-    from framework.engine.request import RequestSpec
+    from framework.core.request import RequestSpec
+    from framework.core.sequence import Sequence
 
 
 @dataclass
@@ -62,13 +63,45 @@ class Replica(Protocol):
     def cached_prefix(self, request: RequestSpec) -> int: ...
 
 
+class _Pool(Protocol):
+    @property
+    def num_used(self) -> int: ...
+    @property
+    def num_free(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    def cached_prefix(self, token_ids: Seq[int]) -> int: ...
+
+
+class _Landing(Protocol):
+    @property
+    def receiving(self) -> Mapping[str, Sequence]: ...
+
+
+class Replicated(Protocol):
+    """What a `ReplicaView` reads of a replica in this process (an engine has all of it):
+    its queues, the requests whose KV is landing (`handoffs`, None with no role) and its
+    pool. The contract names these, not the engine."""
+
+    @property
+    def pending(self) -> Collection[Sequence]: ...
+    @property
+    def waiting(self) -> Seq[Sequence]: ...
+    @property
+    def running(self) -> Seq[Sequence]: ...
+    @property
+    def handoffs(self) -> _Landing | None: ...
+    @property
+    def pool(self) -> _Pool: ...
+
+
 class ReplicaView:
     """One replica as it stands when a request arrives: read-only. Every figure is computed
     when asked (a router that reads only `waiting` and `running` costs no more than that)."""
 
     __slots__ = ("_engine", "index")
 
-    def __init__(self, index: int, engine: Engine) -> None:
+    def __init__(self, index: int, engine: Replicated) -> None:
         self.index = index
         self._engine = engine
 

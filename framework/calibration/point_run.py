@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from framework.calibration.grid import Point, workload
 from framework.calibration.machine_load import cpu_seconds, foreign_share, sync
-from framework.engine.counters import HOST_PHASES, StepStats
+from framework.core.step_stats import HOST_PHASES, StepStats
 from framework.engine.executor import Span
 from framework.engine.readback import Readback
 from framework.executors.packed_linear import PACKED

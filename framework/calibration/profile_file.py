@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from framework.calibration.grid import SAMPLED, Point
 from framework.calibration.point_run import PointRun
-from framework.engine.counters import HOST_PHASES
+from framework.core.step_stats import HOST_PHASES
 from framework.executors.simulated.cost import model_id
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.profile import MeasuredProfile

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from framework.cluster.outages import Outage, OutageRecord
 
 if TYPE_CHECKING:
+    from framework.core.request import RequestSpec
+    from framework.core.sequence import Sequence
     from framework.engine.loop import Engine
-    from framework.engine.request import RequestSpec
-    from framework.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from framework.cluster.handoffs import Disaggregation
 from framework.cluster.link import TransferRecord
 from framework.cluster.outages import Outage, OutageRecord
 from framework.cluster.replica_loss import lose_replica
+from framework.core.request import RequestSpec
+from framework.core.sequence import Sequence, Status
 from framework.engine.loop import Engine, RunResult
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence, Status
 
 
 @dataclass

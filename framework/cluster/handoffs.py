@@ -33,10 +33,10 @@ from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
 from framework.cluster.link import Link, Overlap, Transfer, TransferRecord
+from framework.core.sequence import Sequence, Status
 from framework.engine.invariants import InvariantError
 from framework.engine.loop import Engine
 from framework.engine.replica_handoffs import HandOff
-from framework.engine.sequence import Sequence, Status
 
 
 @dataclass(frozen=True)

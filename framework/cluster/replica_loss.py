@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from framework.core.sequence import Sequence, Status
 from framework.engine.invariants import InvariantError
-from framework.engine.sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from framework.engine.loop import Engine

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from framework.core.sequence import ABORTED, ENDED_OUTSIDE, STOP_STRING, Sequence, Status
 from framework.engine.invariants import InvariantError
-from framework.engine.sequence import ABORTED, ENDED_OUTSIDE, STOP_STRING, Sequence, Status
 
 if TYPE_CHECKING:
     from framework.engine.counters import Counters

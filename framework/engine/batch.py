@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from framework.engine.request import SamplingParams
+from framework.core.request import SamplingParams
 
 HELD = -1  # placeholder id of a decode row whose input token is still on the device
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from framework.core.sequence import Sequence
 from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.held import HeldStep
 from framework.engine.invariants import InvariantError
-from framework.engine.sequence import Sequence
 from framework.engine.step_plan import StepPlan
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from framework.core.sequence import Sequence
     from framework.engine.counters import Counters
-    from framework.engine.sequence import Sequence
 
 
 class BlockPoolError(RuntimeError):

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from framework.engine.counters import HOST_PHASES
+from framework.core.step_stats import HOST_PHASES
 
 
 class Clock(Protocol):

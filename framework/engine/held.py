@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from framework.api.policy import OutputView
+from framework.core.sequence import Sequence, Status
 from framework.engine.clock import Clock
 from framework.engine.costs import MeasuredCosts
 from framework.engine.counters import Counters
@@ -28,7 +29,6 @@ from framework.engine.executor import SPAN_PARTS
 from framework.engine.invariants import InvariantError
 from framework.engine.phases import PhaseTimer
 from framework.engine.readback import Pending, Readback
-from framework.engine.sequence import Sequence, Status
 from framework.engine.view_factory import make_frozen
 
 if TYPE_CHECKING:

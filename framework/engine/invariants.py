@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from framework.core.sequence import ENDED_OUTSIDE, Sequence, Status
 from framework.engine.block_pool import BlockPool, BlockPoolError
 from framework.engine.counters import Counters
-from framework.engine.sequence import ENDED_OUTSIDE, Sequence, Status
 
 if TYPE_CHECKING:
     from framework.engine.batch import StepBatch

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from framework.engine.sequence import Sequence, Status
+from framework.core.sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from framework.api.policy import EngineView

@@ -23,13 +23,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.api.policy import PolicyError, Scheduler, overrides
+from framework.core.request import RequestSpec
+from framework.core.sequence import ABORTED, Sequence, Status
+from framework.core.step_stats import StepStats
 from framework.engine.aborts import Aborts
 from framework.engine.batch import StepBatch
 from framework.engine.batch_build import BatchBuilder
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, WallClock
 from framework.engine.costs import MeasuredCosts
-from framework.engine.counters import Counters, StepStats
+from framework.engine.counters import Counters
 from framework.engine.executor import ExecResult, Executor, describe
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
@@ -40,8 +43,6 @@ from framework.engine.planner import Planner
 from framework.engine.readback import Readback
 from framework.engine.rejection import why_never
 from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.settings import GuardedPolicies, Limits, Policies
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan

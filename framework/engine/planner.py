@@ -26,6 +26,7 @@ from collections.abc import Generator
 from typing import TypeVar
 
 from framework.api.policy import EngineView, PolicyError, QueueView
+from framework.core.sequence import Sequence, Status
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
 from framework.engine.counters import Counters
@@ -34,7 +35,6 @@ from framework.engine.invariants import InvariantError
 from framework.engine.lookups import Lookups
 from framework.engine.phases import PhaseTimer
 from framework.engine.replica_handoffs import ReplicaHandOffs
-from framework.engine.sequence import Sequence, Status
 from framework.engine.settings import GuardedPolicies, Limits
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan

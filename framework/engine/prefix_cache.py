@@ -22,25 +22,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from framework.core.cached_block import CachedBlock
 from framework.engine.block_hash import block_hash
 from framework.engine.block_pool import BlockPool, BlockPoolError
 
 if TYPE_CHECKING:
+    from framework.core.sequence import Sequence
     from framework.engine.counters import Counters
-    from framework.engine.sequence import Sequence
-
-
-@dataclass(frozen=True)
-class CachedBlock:
-    """A cached, evictable block as an eviction order sees it (`Allocator.choose_eviction`)."""
-
-    block: int
-    depth: int  # its place in its prefix: 0 is a prompt's first block
-    hits: int  # admissions that shared it since it was published
-    freed: int  # when it became evictable, as a count of frees (larger is more recent)
 
 
 class PrefixCachingPool(BlockPool):

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from framework.api.guard import Guarded
     from framework.api.policy import Allocator
+    from framework.core.sequence import Sequence
     from framework.engine.block_pool import BlockPool
-    from framework.engine.sequence import Sequence
     from framework.engine.settings import Limits
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from framework.core.sequence import Sequence
 from framework.engine.invariants import InvariantError
-from framework.engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from framework.api.policy import EngineView, PolicyError

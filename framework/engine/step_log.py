@@ -21,7 +21,7 @@ from typing import IO, Any, overload
 
 import numpy as np
 
-from framework.engine.counters import PHASES, STEP_COLUMNS, StepStats
+from framework.core.step_stats import PHASES, STEP_COLUMNS, StepStats
 
 CHUNK_ROWS = 16_384  # rows held in memory before they go to the file (3.8 MB)
 WIDTH = len(STEP_COLUMNS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from framework.engine.sequence import Sequence
+from framework.core.sequence import Sequence
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from framework.api.faults import guard_hooks
 from framework.api.policy import Allocator, Scheduler, overrides
 from framework.api.registry import registry
 from framework.cluster.outages import parse_outages
+from framework.core.request import RequestSpec
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock, VirtualClock, WallClock
 from framework.engine.contiguous_pool import ContiguousPool
@@ -24,7 +25,6 @@ from framework.engine.executor import Executor
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
 from framework.engine.loop import Engine, RunResult
 from framework.engine.prefix_cache import PrefixCachingPool
-from framework.engine.request import RequestSpec
 from framework.engine.settings import Limits, Policies
 from framework.executors.model_loader import (
     TinySpec,

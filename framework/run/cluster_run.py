@@ -24,10 +24,10 @@ from framework.cluster.group import Cluster, ReplicaResults
 from framework.cluster.handoffs import Disaggregation
 from framework.cluster.outages import Outage
 from framework.cluster.result import ClusterResult
+from framework.core.request import RequestSpec
+from framework.core.sequence import Sequence, Status
 from framework.engine.counters import Counters
 from framework.engine.loop import Engine, RunResult
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog, merged
 
 

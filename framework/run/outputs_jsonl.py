@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from framework.engine.sequence import Sequence as Request
+from framework.core.sequence import Sequence as Request
 from framework.run.forked import chunked, encoded, in_order
 
 PARALLEL_TOKENS = 2_000_000  # fewer: one process (a fork and its workers cost more than they save)

@@ -19,9 +19,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.api.router import ReplicaState, ReplicaView
+from framework.core.request import RequestSpec
+from framework.core.sequence import Sequence
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence
 
 
 class Finished:

@@ -38,10 +38,10 @@ from omegaconf import DictConfig, OmegaConf
 from framework.api.router import ClusterView, Router
 from framework.cluster.group import ReplicaResults, check_served_once, route
 from framework.cluster.outages import Outage, OutageRecord, parse_outages
+from framework.core.request import RequestSpec
+from framework.core.sequence import Sequence, Status
 from framework.engine.counters import Counters
 from framework.engine.loop import RunResult
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import Sequence, Status
 from framework.engine.step_log import StepLog
 from framework.run.cluster_run import merge
 from framework.run.errors import RunStopped

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework.engine.counters import STEP_COLUMNS, StepStats
+from framework.core.step_stats import STEP_COLUMNS, StepStats
 from framework.engine.step_log import CHUNK_ROWS, INT_COLUMNS, StepLog
 from framework.run.forked import chunked, encoded, in_order
 

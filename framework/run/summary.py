@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from framework.cluster.result import ClusterResult
-from framework.engine.counters import PHASES, StepStats, step_value
+from framework.core.sequence import ABORTED, Sequence, Status
+from framework.core.step_stats import PHASES, StepStats, step_value
 from framework.engine.held import DEVICE_TIMED
-from framework.engine.sequence import ABORTED, Sequence, Status
 from framework.engine.step_log import StepLog
 from framework.run.kv_shares import kv_shares
 

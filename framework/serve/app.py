@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from framework.engine.sequence import STOP_STRING
+from framework.core.sequence import STOP_STRING
 from framework.serve import errors
 from framework.serve.engine_loop import EngineLoop, Event, Stream
 from framework.serve.errors import ApiError

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from framework.core.request import RequestSpec
+from framework.core.sequence import ABORTED, Sequence, Status
 from framework.engine.loop import Engine, RunResult
-from framework.engine.request import RequestSpec
-from framework.engine.sequence import ABORTED, Sequence, Status
 
 
 @dataclass

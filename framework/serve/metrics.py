@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from framework.engine.sequence import ABORTED, Sequence
+from framework.core.sequence import ABORTED, Sequence
 from framework.serve.engine_loop import EngineLoop
 
 P = "nanoserve:"

@@ -8,8 +8,8 @@ import random
 import uuid
 from typing import Any
 
+from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.loop import Engine
-from framework.engine.request import RequestSpec, SamplingParams
 from framework.serve.errors import ApiError
 from framework.serve.protocol import ChatRequest, CompletionRequest, SamplingFields
 

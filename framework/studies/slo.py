@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from framework.cluster.result import ClusterResult
+from framework.core.sequence import Sequence as Request
 from framework.engine.counters import Counters
-from framework.engine.sequence import Sequence as Request
 from framework.run.errors import UserError
 from framework.run.summary import summarize
 

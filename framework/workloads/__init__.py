@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.chat import build_chat, check_chat
 from framework.workloads.common import check_sampling, sort_by_arrival
 from framework.workloads.config import (

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
 from framework.workloads.config import ChatWorkloadConfig
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
 from framework.workloads.config import FixedWorkloadConfig
 from framework.workloads.text import exact_length_prompts

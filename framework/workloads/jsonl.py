@@ -23,7 +23,7 @@ from typing import Any
 from hydra.utils import to_absolute_path
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec, SamplingParams
+from framework.core.request import RequestSpec, SamplingParams
 from framework.workloads.chat import encode_prompt
 from framework.workloads.common import request_id, sampling_for
 from framework.workloads.config import JsonlWorkloadConfig

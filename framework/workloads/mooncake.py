@@ -34,7 +34,7 @@ import numpy as np
 from hydra.utils import to_absolute_path
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.common import request_id, require_at_least, sampling_for
 from framework.workloads.config import MooncakeWorkloadConfig
 from framework.workloads.trace import check_replay, clamp_count, replay_sizes
@@ -167,7 +167,7 @@ def build_mooncake(
         RequestSpec(
             id=request_id(i),
             # An `array('i')` (`_Prompts.ids`): the engine reads a prompt as any sequence of
-            # ints, though `RequestSpec` still says list[int] (framework/engine/request.py).
+            # ints, though `RequestSpec` still says list[int] (framework/core/request.py).
             prompt_token_ids=prompts.ids(  # type: ignore[arg-type]
                 row, clamp_count(row.input_length, cfg.max_prompt_tokens)
             ),

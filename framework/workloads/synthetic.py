@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.common import (
     request_id,
     require_at_least,

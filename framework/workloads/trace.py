@@ -35,7 +35,7 @@ import numpy as np
 from hydra.utils import to_absolute_path
 from transformers import PreTrainedTokenizerBase
 
-from framework.engine.request import RequestSpec
+from framework.core.request import RequestSpec
 from framework.workloads.common import (
     request_id,
     require_at_least,
