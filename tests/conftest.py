@@ -10,10 +10,10 @@ import torch
 from hydra.core.config_store import ConfigStore
 from hypothesis import HealthCheck, settings
 
-import framework.api.registry
+import framework.plugin_host.registry
 from framework.api import ClusterView, RequestSpec, Router, RouterConfig, hookimpl
-from framework.api.registry import Registry
 from framework.executors.model_loader import TinySpec, load_model
+from framework.plugin_host.registry import Registry
 
 # Property tests (tests/test_properties.py). `default`: few examples, derandomized (the same
 # examples on every machine, so CI is reproducible) and no example database. `long`: for soak
@@ -115,5 +115,5 @@ def router_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     module.register_routers = hookimpl(register_routers)  # type: ignore[attr-defined]
     reg.add_plugin(module, "routers_ext", "nanoserve-routers-ext")
     reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
+    monkeypatch.setattr(framework.plugin_host.registry, "_REGISTRY", reg)
     yield

@@ -11,10 +11,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.loop import RunResult
 from framework.executors.layer_glue import eager_glue
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.config import register_configs
 from framework.run.greedy_check import Divergence, compare_greedy

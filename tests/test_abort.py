@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.core.sequence import ABORTED, STOP_STRING, Status
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from tests.helpers import make_cfg

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from framework.api import EngineView, PolicyError, Scheduler, Sequence, chunk_prefill
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from plugins.schedulers.sjf import SJFScheduler

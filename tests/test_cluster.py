@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from framework.api import ClusterView, RouterConfig
 from framework.api.policy import PolicyError
-from framework.api.registry import registry
 from framework.cluster.group import Cluster
 from framework.cluster.result import ClusterResult
+from framework.plugin_host.registry import registry
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner, build_router
 from framework.run.summary import summarize

@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 import torch
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import HELD, Row, StepBatch
 from framework.executors import cache_lease
 from framework.executors.decode_graphs import DecodeGraphs, buckets, choose_graphs
 from framework.executors.kernel_choice import Choice
 from framework.executors.model_loader import TinySpec, load_model
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.config_checks import check_engine
 from tests.helpers import make_cfg, spec, tokens

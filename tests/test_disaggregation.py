@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framework.api.policy import PolicyError
-from framework.api.registry import registry
 from framework.cluster.link import Link, Overlap, Transfer, overlapped_bytes
 from framework.core.sequence import Status
+from framework.plugin_host.registry import registry
 from framework.run.app import build_runner, load
 from framework.run.cluster_run import ClusterRunner
 from framework.run.summary import summarize

@@ -149,7 +149,7 @@ def test_the_real_model_gives_one_engines_greedy_tokens_through_a_failure(
     model, tokenizer, device, dtype = load(cfg)
     specs = [spec(i, [5 + i % 9] * (3 + i % 11), 16) for i in range(16)]
     eos = tokenizer.eos_token_id
-    hooks = __import__("framework.api.registry", fromlist=["registry"]).registry().pm.hook
+    hooks = __import__("framework.plugin_host.registry", fromlist=["registry"]).registry().pm.hook
     alone = build_runner(cfg, model, device, dtype, hooks).run(specs, eos)
     faulted = make_cfg(
         *real, "cluster.replicas=2", "cluster.faults=[{replica: 1, down_at_s: 0.002}]"
@@ -276,7 +276,7 @@ class KillingRay(FakeRay):
 def ray_runner(monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple[Any, Any, Any]:
     import sys
 
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_runner, load
 
     monkeypatch.setitem(sys.modules, "ray", KillingRay())
@@ -288,7 +288,7 @@ def ray_runner(monkeypatch: pytest.MonkeyPatch, *overrides: str) -> tuple[Any, A
 
 
 def one_engine(specs: list[Any]) -> dict[str, list[int]]:
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_runner, load
 
     cfg = make_cfg("model=tiny", "observers=[]")

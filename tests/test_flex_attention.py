@@ -28,7 +28,6 @@ import torch
 from hypothesis import given, settings
 from torch.nn.attention.flex_attention import create_mask
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import Row, StepBatch
 from framework.engine.kv_cache import KVCache
@@ -39,6 +38,7 @@ from framework.executors.hf import HFExecutor
 from framework.executors.kernels.paged_decode import why_not
 from framework.executors.paged_attention import PagedBatch, paged_attention
 from framework.executors.sync_watch import watched
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.config_checks import check_engine
 from tests.helpers import assert_refused, cli, make_cfg, run_engine

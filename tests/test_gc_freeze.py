@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.gc_freeze import frozen_heap
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from tests.helpers import make_cfg
 

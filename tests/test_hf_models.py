@@ -131,7 +131,7 @@ def test_bfloat16_runs_and_keeps_its_books(tiny) -> None:
         for i in range(3)
     ]
     cfg = make_cfg("model=tiny", "dtype=bfloat16")
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     engine = build_engine(cfg, model, torch.device("cpu"), torch.bfloat16, registry().pm.hook)

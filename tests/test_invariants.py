@@ -56,7 +56,7 @@ def test_step_check_catches_blocks_held_outside_the_batch(tiny) -> None:
     model, tok = tiny
     import torch
 
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     engine = build_engine(
@@ -81,7 +81,7 @@ def test_policy_that_breaks_the_contract_is_named(tiny) -> None:
     model, tok = tiny
     import torch
 
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     engine = build_engine(
@@ -140,7 +140,7 @@ def test_the_engine_gives_every_view_each_of_its_fields(tiny) -> None:
     field added to `EngineView` or `OutputView` must be added where the engine makes them."""
     import torch
 
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     model, tok = tiny
@@ -171,7 +171,7 @@ def displaces(scheduler: object) -> bool:
 
 def test_only_a_scheduler_with_its_own_displace_is_asked() -> None:
     """The default `displace` names no one: the engine skips the call and its view."""
-    from framework.api.guard import Guarded
+    from framework.plugin_host.guard import Guarded
 
     assert not displaces(GreedyBadScheduler(None))  # type: ignore[arg-type]
     assert displaces(Displacing(None))  # type: ignore[arg-type]

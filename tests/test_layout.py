@@ -31,17 +31,40 @@ MAY_IMPORT = {
     # below both the contract and the engine
     "core": set(),
     "api": {"core"},  # the contract: it names the core types, never the engine
+    # the plugin host: loads the contract's plugins (registry, compat), names them when they
+    # raise (guard, faults)
+    "plugin_host": {"core", "api"},
     "workloads": {"core", "engine"},
-    "engine": {"core", "api"},
+    "engine": {"core", "api", "plugin_host"},
     # a cluster of engines behind a router: one engine knows nothing of it
-    "cluster": {"core", "api", "engine"},
+    "cluster": {"core", "api", "plugin_host", "engine"},
     "executors": {"core", "engine"},
     "tracking": {"core"},  # MLflow, progress and plots read files and configs, not the engine
-    "run": {"core", "api", "engine", "cluster", "executors", "workloads", "tracking"},
-    "serve": {"core", "api", "engine", "executors", "workloads", "tracking", "run"},  # online
+    "run": {
+        "core",
+        "api",
+        "plugin_host",
+        "engine",
+        "cluster",
+        "executors",
+        "workloads",
+        "tracking",
+    },
+    # a run, online
+    "serve": {"core", "api", "plugin_host", "engine", "executors", "workloads", "tracking", "run"},
     # runs, sweeps and searches, compared; a reproduction builds its workloads once and reads
     # the simulated GPU's specs and model shapes its set-up is stated in
-    "studies": {"core", "api", "engine", "cluster", "executors", "workloads", "run", "tracking"},
+    "studies": {
+        "core",
+        "api",
+        "plugin_host",
+        "engine",
+        "cluster",
+        "executors",
+        "workloads",
+        "run",
+        "tracking",
+    },
     "calibration": {"core", "engine", "executors", "workloads", "run", "tracking"},
 }
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.executors.sync_watch import SyncWatch, watched
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from tests.helpers import make_cfg, spec
 

@@ -18,7 +18,7 @@ import torch
 from mlflow import MlflowClient
 
 from framework.api.hookspecs import hookimpl
-from framework.api.registry import registry
+from framework.plugin_host.registry import registry
 from framework.run.observers import run_with_observers
 from framework.tracking.background import BackgroundRun
 from plugins.observers.progress import Bar

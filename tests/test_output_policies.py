@@ -160,7 +160,7 @@ class NoLookaheadAllocator(Allocator):
 def test_allocator_that_ignores_held_tokens_is_caught(tiny) -> None:
     import torch
 
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     model, tok = tiny

@@ -25,7 +25,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 
-import framework.api.registry
+import framework.plugin_host.registry
 from framework.api import hookspecs
 from framework.api.admission import admit_fcfs, admit_in_order, room_for
 from framework.api.hookspecs import hookimpl
@@ -36,9 +36,9 @@ from framework.api.policy import (
     Preemption,
     Scheduler,
 )
-from framework.api.registry import PluginError, Registry, UnknownPolicyError, registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.core.sequence import Sequence, Status
+from framework.plugin_host.registry import PluginError, Registry, UnknownPolicyError, registry
 from framework.run.preflight import unknown_policies
 from framework.run.summary import summarize
 from plugins.preemption.priority import PriorityPreemption, PriorityPreemptionConfig
@@ -340,7 +340,7 @@ def test_overriding_chunk_alone_serves_a_long_prompt_in_chunks(tiny: Any) -> Non
     """No flag to keep in step: a scheduler with a `chunk` of its own is served prompts
     longer than the step's token budget, in chunks; the same scheduler without one has the
     request rejected up front."""
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
     from plugins.schedulers.continuous import ContinuousScheduler
 
@@ -555,7 +555,7 @@ def rogue_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     )
     reg.add_plugin(module, "rogue", "nanoserve-rogue-plugin")
     reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
+    monkeypatch.setattr(framework.plugin_host.registry, "_REGISTRY", reg)
     yield
 
 
@@ -631,7 +631,7 @@ def example_registry(example_site: Path, monkeypatch: pytest.MonkeyPatch) -> Reg
     monkeypatch.syspath_prepend(str(example_site))
     reg = Registry.from_entry_points()
     reg.store_configs(ConfigStore.instance())
-    monkeypatch.setattr(framework.api.registry, "_REGISTRY", reg)
+    monkeypatch.setattr(framework.plugin_host.registry, "_REGISTRY", reg)
     return reg
 
 

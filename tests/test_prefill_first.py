@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from framework.api import EngineView, PolicyError, Sequence
-from framework.api.registry import registry
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
 from framework.run.summary import summarize
 from plugins.schedulers.continuous import ContinuousScheduler

@@ -483,7 +483,7 @@ def test_a_watermark_keeps_blocks_free_and_the_engine_enforces_a_decline(tiny: A
     """allocator.watermark (vLLM's): admission keeps a share of the pool free. With it, the
     tight pool preempts less; a scheduler that admits past the allocator's veto is stopped."""
     from framework.api import PolicyError
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
 
     model, tok = tiny
@@ -553,7 +553,7 @@ def test_an_allocator_chooses_its_own_eviction_order() -> None:
 def test_an_allocators_eviction_order_runs_in_the_engine(tiny: Any, shared: Any) -> None:
     """A third-party allocator with `choose_eviction` (most recently freed first): the pool
     uses it, and the answers are the same tokens."""
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
     from plugins.allocators.prefix_cache import PrefixCacheAllocator
 

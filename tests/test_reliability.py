@@ -16,12 +16,12 @@ import pytest
 
 import framework.engine.loop as engine_module
 import framework.run.app as app
-from framework.api.faults import GuardedHooks, HookError
 from framework.api.hookspecs import hookimpl
 from framework.api.policy import PolicyError
-from framework.api.registry import Provider, registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.invariants import InvariantError
+from framework.plugin_host.faults import GuardedHooks, HookError
+from framework.plugin_host.registry import Provider, registry
 from framework.run.errors import Refused, UserError
 from framework.run.observers import run_with_observers
 from framework.run.summary import summarize

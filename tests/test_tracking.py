@@ -35,8 +35,8 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from framework.api.hookspecs import hookimpl
-from framework.api.registry import registry
 from framework.core.step_stats import STEP_COLUMNS
+from framework.plugin_host.registry import registry
 from framework.run import steps_csv
 from framework.run.observers import run_with_observers
 from framework.run.steps_csv import write_steps

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
-from framework.api.registry import registry
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg
 from framework.run.summary import summarize

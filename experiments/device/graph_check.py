@@ -39,12 +39,12 @@ from typing import Any
 import torch
 
 from experiments.toolkit import cli
-from framework.api.registry import registry
 from framework.core.request import RequestSpec, SamplingParams
 from framework.engine.batch import Row, StepBatch
 from framework.executors.simulated.analytic import AnalyticProfile
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.sync_watch import SyncWatch
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg
 from framework.run.greedy_check import compare_greedy

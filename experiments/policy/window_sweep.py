@@ -27,8 +27,8 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments.toolkit import cli
-from framework.api.registry import registry
 from framework.core.step_stats import HOST_PHASES, PHASES
+from framework.plugin_host.registry import registry
 from framework.run.app import build_engine, load
 from framework.run.compose import compose_cfg
 from framework.run.paths import OUTPUTS

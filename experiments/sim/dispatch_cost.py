@@ -104,9 +104,9 @@ def engine_operators(layers: int) -> dict[str, float]:
     prompt) and one decode step (that row's next token) of the tiny Llama with `layers`
     layers, on this CPU's eager path: `step` of a profile's `kernels_per_step` and
     `kernels_per_layer` come from two layer counts' difference."""
-    from framework.api.registry import registry
     from framework.core.request import RequestSpec, SamplingParams
     from framework.executors.model_loader import TinySpec, load_model
+    from framework.plugin_host.registry import registry
     from framework.run.app import build_engine
     from framework.run.compose import compose_cfg
 

@@ -17,7 +17,7 @@ Four groups, one policy of each per run:
 - Preemption: which running rows give up their blocks when the pool is dry.
 - OutputPolicy: how long sampled tokens stay on the device before they are read back.
 
-Registering (see `framework.api.hookspecs` and `framework.api.registry`)
+Registering (see `framework.api.hookspecs` and `framework.plugin_host.registry`)
     A plugin is a module that an entry point of the `nanoserve` group names. It implements
     `register_schedulers(register)` (or `register_allocators`, `register_preemptions`,
     `register_outputs`) and calls `register(name, PolicyClass, ConfigClass)`: the class

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
 from framework.cluster.failover import FaultSchedule
@@ -46,6 +45,7 @@ from framework.cluster.replica_loss import lose_replica
 from framework.core.request import RequestSpec
 from framework.core.sequence import Sequence, Status
 from framework.engine.loop import Engine, RunResult
+from framework.plugin_host.guard import Guarded
 
 
 @dataclass

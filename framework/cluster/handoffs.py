@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from framework.api.guard import Guarded
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
 from framework.cluster.link import Link, Overlap, Transfer, TransferRecord
@@ -37,6 +36,7 @@ from framework.core.sequence import Sequence, Status
 from framework.engine.invariants import InvariantError
 from framework.engine.loop import Engine
 from framework.engine.replica_handoffs import HandOff
+from framework.plugin_host.guard import Guarded
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from framework.api.guard import Guarded
     from framework.api.policy import Allocator
     from framework.core.sequence import Sequence
     from framework.engine.block_pool import BlockPool
     from framework.engine.settings import Limits
+    from framework.plugin_host.guard import Guarded
 
 
 def why_never(

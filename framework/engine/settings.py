@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from framework.api.guard import Guarded
 from framework.api.policy import Allocator, OutputPolicy, Preemption, Scheduler
+from framework.plugin_host.guard import Guarded
 
 GROUPS = ("scheduler", "allocator", "preemption", "output")
 

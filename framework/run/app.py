@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from framework.api.faults import guard_hooks
 from framework.api.policy import Allocator, Scheduler, overrides
-from framework.api.registry import registry
 from framework.cluster.outages import parse_outages
 from framework.core.request import RequestSpec
 from framework.engine.block_pool import BlockPool
@@ -33,6 +31,8 @@ from framework.executors.model_loader import (
     resolve_dtype,
 )
 from framework.executors.simulated.executor import SimulatedExecutor
+from framework.plugin_host.faults import guard_hooks
+from framework.plugin_host.registry import registry
 from framework.run.cluster_run import ClusterRunner, build_router
 from framework.run.config_checks import check_run, check_window
 from framework.run.disaggregation import build_handoffs, decode_router, link_setting

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from framework.api.registry import registry
+from framework.plugin_host.registry import registry
 from framework.run.errors import Refused, RunStopped, UserError, one_line
 from framework.run.help import print_help, wants_help
 from framework.run.preflight import check_command_line

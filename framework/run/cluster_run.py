@@ -18,7 +18,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.api.registry import registry
 from framework.api.router import Router
 from framework.cluster.group import Cluster, ReplicaResults
 from framework.cluster.handoffs import Disaggregation
@@ -29,6 +28,7 @@ from framework.core.sequence import Sequence, Status
 from framework.engine.counters import Counters
 from framework.engine.loop import Engine, RunResult
 from framework.engine.step_log import StepLog, merged
+from framework.plugin_host.registry import registry
 
 
 def build_router(cfg: DictConfig) -> tuple[Router, str, str]:

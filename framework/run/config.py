@@ -198,7 +198,7 @@ class RunConfig:
 
 def register_configs() -> None:
     """Schemas for the YAML groups, the workloads, and every registered policy."""
-    from framework.api.registry import registry
+    from framework.plugin_host.registry import registry
     from framework.workloads.config import register_workload_configs
 
     cs = ConfigStore.instance()

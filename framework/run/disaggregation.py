@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from framework.api.registry import registry
 from framework.cluster.handoffs import Disaggregation, KVShape
 from framework.cluster.link import Link
 from framework.engine.loop import Engine
 from framework.executors.simulated.links import link_spec
+from framework.plugin_host.registry import registry
 from framework.run.roles import cluster_roles
 
 

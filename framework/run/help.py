@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from framework.api.groups import GROUPS
-from framework.api.registry import Registry
+from framework.plugin_host.registry import Registry
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 WIDTH = 100

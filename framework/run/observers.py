@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from framework.api.registry import registry
+from framework.plugin_host.registry import registry
 from framework.run.app import RunInfo, run_batch
 from framework.run.errors import UserError
 

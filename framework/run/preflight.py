@@ -18,7 +18,7 @@ from hydra.core.override_parser.types import Glob, IntervalSweep
 from hydra.errors import HydraException
 
 from framework.api.groups import GROUPS
-from framework.api.registry import Registry
+from framework.plugin_host.registry import Registry
 from framework.run.errors import UserError
 
 

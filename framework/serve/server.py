@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from framework.api.faults import guard_hooks
-from framework.api.registry import registry
 from framework.engine.executor import describe
 from framework.engine.loop import Engine
+from framework.plugin_host.faults import guard_hooks
+from framework.plugin_host.registry import registry
 from framework.run.app import (
     RunInfo,
     abort,

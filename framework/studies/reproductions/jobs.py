@@ -28,9 +28,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.api.registry import registry
 from framework.core.request import RequestSpec
 from framework.engine.loop import RunResult
+from framework.plugin_host.registry import registry
 from framework.run.app import build_runner, check_before_loading, load
 from framework.run.compose import compose_cfg
 from framework.run.errors import user_input

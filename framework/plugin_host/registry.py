@@ -25,9 +25,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework.api import hookspecs
-from framework.api.compat import v1_problem
 from framework.api.groups import GROUPS
 from framework.api.policy import API_VERSION, PolicyConfig
+from framework.plugin_host.compat import v1_problem
 
 _HOOK_OF_GROUP = {
     "scheduler": "register_schedulers",

@@ -21,7 +21,7 @@ from types import CodeType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from framework.api.registry import Registry
+    from framework.plugin_host.registry import Registry
 
 OBSERVER_PREFIX = "observer:"  # how `run_with_observers` names the observers it registers
 
