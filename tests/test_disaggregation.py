@@ -465,14 +465,19 @@ def test_bad_disaggregation_input_is_one_line(
 
 
 def test_only_replicas_with_roles_keep_hand_off_books(shape: tuple[Any, Any]) -> None:
-    """One engine, and a cluster without roles, carry no hand-off state; a cluster with
-    roles opens the books on every replica. A hand-off asked of an engine with none is an
-    invariant error, not a silent no-op."""
+    """One engine, and a cluster without roles, park nothing; a cluster with roles gives
+    every replica its books. An engine's parked requests have one keeper, and a row handed
+    off by an engine that parks nothing is an invariant error, not a silent no-op."""
+    from framework.cluster.replica_handoffs import ReplicaHandOffs
     from framework.engine.invariants import InvariantError
 
     plain = runner(shape, "cluster.replicas=2")
-    assert all(e.handoffs is None for e in plain.engines)
+    assert all(e.parking is None and not e.joining for e in plain.engines)
     roles = runner(shape, "cluster.replicas=2", "cluster.roles=[prefill,decode]")
-    assert all(e.handoffs is not None and not e.handoffs for e in roles.engines)
-    with pytest.raises(InvariantError, match="no role"):
-        plain.engines[0].take_handed_off()
+    assert all(isinstance(e.parking, ReplicaHandOffs) and not e.parking for e in roles.engines)
+    with pytest.raises(InvariantError, match="one keeper"):
+        ReplicaHandOffs(roles.engines[0])
+    engine = plain.engines[0]
+    engine.held.handed.append((engine.submit(spec(0, [1, 2, 3], 2), None), 0.0))
+    with pytest.raises(InvariantError, match="parks nothing"):
+        engine.planner.hand_off()

@@ -124,7 +124,7 @@ def test_a_trace_is_served_once_with_the_fault_free_tokens_through_failures(
         configured = next(e for e in events if e["replica"] == o.replica and
                           e["down_at_s"] <= o.down_s)  # fmt: skip
         assert o.down_s >= configured["down_at_s"]
-    lost = sum(1 for r in result.replicas for s in r.seqs if s.status is Status.LOST)
+    lost = sum(1 for r in result.replicas for s in r.seqs if s.status is Status.MOVED)
     assert lost == sum(len(h) - 1 for h in history.values())
     if window == 0:
         assert m["tokens_lost_in_failure"] == 0  # nothing is ever held on the device

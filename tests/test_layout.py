@@ -315,8 +315,8 @@ def test_views_only_read_at_any_depth() -> None:
 
 
 def test_the_engine_composes_and_mixes_nothing_in() -> None:
-    """`Engine` has no base class: ends from outside (`Aborts`) and a cluster's hand-offs
-    (`ReplicaHandOffs`) are objects of their own, each with its own state, which the engine
+    """`Engine` has no base class: ends from outside (`Aborts`) and a cluster's parked
+    requests (`Parking`) are objects of their own, each with its own state, which the engine
     holds, rather than mixins that redeclare the engine's attributes."""
     tree = ast.parse((ROOT / "framework/engine/loop.py").read_text(encoding="utf-8"))
     (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine"]

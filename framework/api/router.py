@@ -16,7 +16,7 @@ config's fields are the router's options (`router.<field>=...`). A router with a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -73,15 +73,10 @@ class _Pool(Protocol):
     def cached_prefix(self, token_ids: Seq[int]) -> int: ...
 
 
-class _Landing(Protocol):
-    @property
-    def receiving(self) -> Mapping[str, Sequence]: ...
-
-
 class Replicated(Protocol):
     """What a `ReplicaView` reads of a replica in this process (an engine has all of it):
-    its queues, the requests whose KV is landing (`handoffs`, None with no role) and its
-    pool. The contract names these, not the engine."""
+    its queues, the requests parked to join its rows once their KV has landed (`joining`)
+    and its pool. The contract names these, not the engine."""
 
     @property
     def pending(self) -> Collection[Sequence]: ...
@@ -90,7 +85,7 @@ class Replicated(Protocol):
     @property
     def running(self) -> Seq[Sequence]: ...
     @property
-    def handoffs(self) -> _Landing | None: ...
+    def joining(self) -> Seq[Sequence]: ...
     @property
     def pool(self) -> _Pool: ...
 
@@ -110,8 +105,7 @@ class ReplicaView:
         """Requests routed here and not running: not yet arrived at its clock, or queued;
         on a decode replica also those whose KV is on its way here or has landed."""
         e = self._engine
-        landing = len(e.handoffs.receiving) if e.handoffs is not None else 0
-        return len(e.pending) + len(e.waiting) + landing
+        return len(e.pending) + len(e.waiting) + len(e.joining)
 
     @property
     def running(self) -> int:
@@ -143,7 +137,7 @@ class ReplicaView:
         held = [
             *e.pending,
             *e.waiting,
-            *(e.handoffs.receiving.values() if e.handoffs is not None else ()),
+            *e.joining,
             *(s for s in e.running if not s.finished),
         ]
         return sum(max(0, s.sampling.max_tokens - len(s.output_token_ids)) for s in held)

@@ -157,7 +157,7 @@ class Cluster:
                 e.clock.resume()
                 stats = e.advance()
                 e.clock.pause()
-                if stats is None and e.handoffs and e.waiting and not e.running:
+                if stats is None and e.parking and e.waiting and not e.running:
                     self.stalled.add(first)
                 upcoming[first] = self._next_time(first)
                 if moves is not None:
@@ -218,7 +218,8 @@ class Cluster:
         engine = self.engines[index]
         if engine.running or (engine.waiting and index not in self.stalled):
             return engine.now()
-        if engine.pending or (engine.handoffs is not None and engine.handoffs.landed):
+        landing = engine.parking is not None and engine.parking.next_landing() is not None
+        if engine.pending or landing:
             return max(engine.now(), engine.next_work())
         return float("inf")
 
@@ -319,7 +320,7 @@ def check_served_once(
     lost: dict[str, list[int]] = {}
     for index, result in enumerate(results):
         for seq in result.seqs:
-            if seq.status is Status.LOST:
+            if seq.status is Status.MOVED and not seq.handed_on:  # its replica failed
                 lost.setdefault(seq.id, []).append(index)
                 continue
             held = copies if seq.carried else seen

@@ -3,18 +3,18 @@ replica, over a priced link, with every block accounted for.
 
 A request sent to a `prefill` replica is prefilled there and its first token sampled there
 (TTFT is stamped there, as DistServe and vLLM's disaggregated prefill do). The engine then
-hands it off (`Engine.take_handed_off`), its blocks still held. From there:
+hands it off, parked with its blocks still held (`ReplicaHandOffs.take`). From there:
 
 1. **Reservation.** The decode router (`router.decode`) picks one of the decode-capable
    replicas (`decode` and `mixed`), on a view of those alone, numbered 0..k-1. That
    replica's allocator prices the arriving KV (prompt and first token) as an admission
-   and may decline (`Engine.reserve`). Declined, the request waits at its prefill replica
+   and may decline (`ReplicaHandOffs.reserve`). Declined, the request waits at its prefill replica
    with its blocks held there, in a queue: after every step of any replica the queue is
    tried again from its head (the router asked again) until one is declined.
 2. **Transfer.** Its KV (its computed tokens x layers x KV heads x head dim x dtype bytes x
    2, one GPU's shard) goes over the link (`framework.cluster.link`) from the reservation or
    the hand-off, whichever is later.
-3. **Landing.** When it is done, the prefill replica frees its blocks (`release_sent`) and
+3. **Landing.** When it is done, the prefill replica frees its blocks (`sent`) and
    the decode replica takes the request (`accept`): it joins the running rows there as a
    decode row, from its second token, its prompt not computed again.
 
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from framework.api.policy import PolicyError
 from framework.api.router import ClusterView, ReplicaView, Router
 from framework.cluster.link import Link, Overlap, Transfer, TransferRecord
+from framework.cluster.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.core.sequence import Sequence, Status
 from framework.engine.invariants import InvariantError
 from framework.engine.loop import Engine
-from framework.engine.replica_handoffs import HandOff
 from framework.plugin_host.guard import Guarded
 
 
@@ -74,8 +74,8 @@ class Disaggregation:
         layerwise: bool = False,
     ) -> None:
         self.engines = engines
-        for e in engines:  # every replica may hand off or receive: each keeps the books
-            e.open_handoff_books()
+        # Every replica may hand off or receive: each keeps the books of its parked requests.
+        self.books = [ReplicaHandOffs(e) for e in engines]
         self.roles = roles
         self.decoders = [i for i, r in enumerate(roles) if r in ("decode", "mixed")]
         if not self.decoders:
@@ -97,8 +97,8 @@ class Disaggregation:
     # ---- hand-offs and reservations --------------------------------------------------
     def collect(self, src: int) -> None:
         """The hand-offs of replica `src`'s last step join the back of the queue."""
-        for h in self.engines[src].take_handed_off():
-            if h.seq.status is not Status.SENDING or h.seq.id in self.decode_of:
+        for h in self.books[src].take():
+            if h.seq.status is not Status.PARKED or h.seq.id in self.decode_of:
                 raise InvariantError(f"{h.seq.id} handed off twice, or not after its prefill")
             self.unreserved.append((src, h, self._placing))
 
@@ -115,7 +115,7 @@ class Disaggregation:
             start = h.at if since == fresh else max(now, h.at)
             view = ClusterView(now=start, replicas=self.views)
             dst = self.decoders[self._choose(view, h.seq)]
-            copy = self.engines[dst].reserve(h.seq)
+            copy = self.books[dst].reserve(h.seq)
             if copy is None:  # it waits at its prefill replica, its blocks held there
                 break
             self.unreserved.popleft()
@@ -158,8 +158,8 @@ class Disaggregation:
         moved: list[tuple[int, int]] = []
         for tr in self.link.advance(t):
             m: Moving = tr.payload
-            self.engines[tr.src].release_sent(m.original, t)
-            self.engines[tr.dst].accept(m.copy, t)
+            self.books[tr.src].sent(m.original, t)
+            self.books[tr.dst].accept(m.copy, t)
             self.records.append(
                 TransferRecord(
                     m.original.id,
@@ -200,8 +200,8 @@ class Disaggregation:
                 f"{len(self.records)} transfers for {len(self.decode_of)} reservations and "
                 f"{requests} requests"
             )
-        for i, e in enumerate(self.engines):
-            if e.handoffs is not None and (e.handoffs or e.handoffs.landed):
+        for i, books in enumerate(self.books):
+            if books or books.landed:
                 raise InvariantError(f"replica {i} still holds KV for a transfer")
         for r in self.records:
             if self.decode_of.get(r.id) != r.dst:

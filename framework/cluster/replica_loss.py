@@ -5,7 +5,7 @@ nothing of failures.
 
 A replica that fails loses its device: its KV cache and the sampled tokens still on it (held
 by the output policy) are gone. What its clients already received stays theirs. So each
-request it held that had not finished leaves it (`Status.LOST`, its blocks back in the
+request it held that had not finished leaves it (`Status.MOVED`, its blocks back in the
 pool, its prefix cache forgotten), and a copy of it (`Sequence.copy_for`) carrying the
 tokens already delivered goes back to the router, to be computed again on a live replica
 from its prompt plus those tokens: no client sees a token twice, and greedy decoding gives
@@ -36,20 +36,20 @@ def lose_replica(engine: Engine) -> list[Sequence]:
     engine.aborts.forget_all()
     planner = engine.planner
     counters = planner.counters
-    if planner.handoffs:
+    if planner.parking:
         raise InvariantError("a replica holding KV hand-offs cannot fail (cluster.roles)")
     now = planner.now()
     counters.lost_tokens += planner.held.lose_all()  # sampled on the device, never read back
     lost: list[Sequence] = []
     for seq in planner.empty():
         if seq.status in (Status.WAITING, Status.PENDING):  # it holds nothing
-            seq.status, seq.released_at = Status.LOST, now
+            seq.status, seq.released_at = Status.MOVED, now
         elif seq.finish_reason is not None:  # every token delivered: it finished here
             planner.release(seq, Status.RELEASED, now)
             continue
         else:
             counters.failure_recomputed_tokens += min(seq.num_computed, seq.num_tokens)
-            planner.release(seq, Status.LOST, now)
+            planner.release(seq, Status.MOVED, now)
         lost.append(seq)
     planner.pool.forget_all()
     lost.sort(key=lambda s: s.arrival)

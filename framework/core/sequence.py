@@ -18,15 +18,12 @@ class Status(enum.Enum):
     FINISHED = "finished"  # owes no more tokens; may still hold a row (static batching)
     RELEASED = "released"  # finished and its blocks are back in the pool
     REJECTED = "rejected"  # can never run here; see `reject_reason`
-    # Prefill/decode disaggregation (a cluster's `prefill` replicas): the first token is
-    # sampled on a prefill replica, then the request's KV moves to a decode replica.
-    SENDING = "sending"  # on its prefill replica: first token sampled, KV held until sent
-    RECEIVING = "receiving"  # on its decode replica: blocks reserved, KV in flight or landed
-    TRANSFERRED = "transferred"  # on its prefill replica: KV sent, blocks freed (the decode
-    # replica's copy of the request serves the rest)
-    # A cluster's replica failure (`cluster.faults`): its KV is gone with its replica, and a
-    # copy of the request on a live replica serves the rest (`rerouted_copy`).
-    LOST = "lost"
+    # KV that moves between engines (a cluster's hand-offs and failures) is the cluster's
+    # business; an engine knows only these two states of it.
+    PARKED = "parked"  # holds blocks here outside the running rows while its KV moves
+    # (`framework.engine.parking`): leaving, its part here done, or joining, KV arriving
+    MOVED = "moved"  # its part here is over though it owes more tokens: blocks released,
+    # and a copy of it elsewhere serves the rest (see `handed_on`)
 
 
 # Finish reasons of a request ended from outside the engine (`Engine.abort`), before its stop
@@ -172,6 +169,17 @@ class Sequence:
             and len(self.output_token_ids) < self.spec.sampling.max_tokens
         )
 
+    @property
+    def handed_on(self) -> bool:
+        """Moved after every token owed here was delivered (a prefill replica's part, its KV
+        sent on), rather than taken away part way (its replica failed): only a request
+        handed on has reached its `hand_off_after`."""
+        return (
+            self.status is Status.MOVED
+            and self.hand_off_after is not None
+            and len(self.output_token_ids) >= self.hand_off_after
+        )
+
     def copy_for(self, kv_sent: bool) -> Sequence:
         """The request as another replica takes it: the tokens delivered so far and their
         times, its preemptions, admission and first token. `kv_sent`: a decode replica
@@ -179,9 +187,7 @@ class Sequence:
         link), nothing to prefill, its own `max_tokens` again; else a live replica takes it
         over from a failed one, nothing computed (its KV was lost with its replica), its
         prompt and those tokens to prefill again."""
-        copy = Sequence(
-            self.spec, self.eos_token_id, Status.RECEIVING if kv_sent else Status.WAITING
-        )
+        copy = Sequence(self.spec, self.eos_token_id, Status.PARKED if kv_sent else Status.WAITING)
         copy.output_token_ids = list(self.output_token_ids)
         copy.token_times = list(self.token_times)
         if kv_sent:

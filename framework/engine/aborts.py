@@ -46,7 +46,7 @@ class Aborts:
             self.aborting[seq] = reason
             return False
         if seq.status not in (Status.PENDING, Status.WAITING):
-            # sending or receiving: a cluster's hand-off, which a server never starts
+            # parked or moved: a cluster's hand-off, which a server never starts
             raise ValueError(f"{seq.id} is {seq.status.value}: a hand-off cannot be aborted")
         self.planner.remove(seq)
         self._end(seq, reason)

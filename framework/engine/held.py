@@ -265,7 +265,7 @@ class HeldTokens:
                         counters.expected_overshoot += (window + 1) / 2
                 elif len(out) >= seq.output_limit:
                     if seq.hands_off:  # done here, owed elsewhere
-                        seq.status = Status.SENDING
+                        seq.status = Status.PARKED
                         self.handed.append((seq, h.forward_s))
                         continue
                     seq.finish_reason = "length"

@@ -104,9 +104,10 @@ def check_step(
 
 def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: list[Any]) -> None:
     """Every request accounted for, every block home, every token owed delivered. A request
-    handed off to a decode replica (`TRANSFERRED`) owes the rest there: here it delivered
-    its first tokens; a decode replica's copy delivered all but those it `carried`."""
-    done = (Status.RELEASED, Status.REJECTED, Status.TRANSFERRED, Status.LOST)
+    that moved (`MOVED`: handed on, or its replica failed) owes the rest elsewhere: here it
+    delivered what it did; a copy that came with its KV delivered all but those it
+    `carried`, one that came after a failure all but those it was `rerouted` with."""
+    done = (Status.RELEASED, Status.REJECTED, Status.MOVED)
     lost = [s.id for s in seqs if s.status not in done]
     if lost:
         raise InvariantError(f"requests neither finished nor rejected: {lost[:10]}")
@@ -138,13 +139,9 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
         stops = s.stop_ids
         if any(t in stops for t in s.output_token_ids[:-1]):
             raise InvariantError(f"{s.id} kept tokens after a stop token")
-        if s.status is Status.LOST:  # its replica failed: a copy elsewhere owes the rest
+        if s.status is Status.MOVED:  # a copy elsewhere owes the rest
             if s.finish_reason is not None or s.block_table:
-                raise InvariantError(f"{s.id} was lost with its replica finished or holding blocks")
-            continue
-        if s.status is Status.TRANSFERRED:
-            if s.finish_reason is not None or s.block_table or not n:
-                raise InvariantError(f"{s.id} was handed off finished, holding blocks or empty")
+                raise InvariantError(f"{s.id} moved on finished or holding blocks")
             continue
         if s.finish_reason == "length" and n != s.sampling.max_tokens:
             raise InvariantError(f"{s.id} finished by length with {n} != {s.sampling.max_tokens}")

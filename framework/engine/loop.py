@@ -7,7 +7,7 @@ Each phase is a call into the object that owns it: the `planner` (the one owner 
 queues: which rows the forward computes, every policy decision checked and applied, every
 release), the batch build (the plan's rows packed for the executor; it reads the plan alone),
 the held tokens (sampled tokens on the device until the output policy lets them home). Ends
-from outside (`aborts`) and a cluster replica's hand-offs (`planner.handoffs`, kept only by a
+from outside (`aborts`) and a cluster replica's parked requests (`planner.parking`, kept only by a
 replica with a role) are objects of their own. The pool hides whether prefixes are cached
 (`block_pool`, `prefix_cache`). Every mutation of sequences and blocks happens in these
 objects, after the engine has validated the policy's decision, so the invariants live in one
@@ -38,11 +38,11 @@ from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import InvariantError, check_end, check_step
 from framework.engine.kv_usage import account_kv
+from framework.engine.parking import Parking
 from framework.engine.phases import PhaseTimer
 from framework.engine.planner import Planner
 from framework.engine.readback import Readback
 from framework.engine.rejection import why_never
-from framework.engine.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.engine.settings import GuardedPolicies, Limits, Policies
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
@@ -124,18 +124,21 @@ class Engine:
         return self.planner.running
 
     @property
-    def handoffs(self) -> ReplicaHandOffs | None:  # None: no role (`open_handoff_books`)
-        return self.planner.handoffs
+    def parking(self) -> Parking | None:  # None: it parks nothing (`attach_parking`)
+        return self.planner.parking
 
-    def open_handoff_books(self) -> None:
-        """A replica with a role (`cluster.roles`) may hand requests off or receive them."""
-        if self.planner.handoffs is None:
-            self.planner.handoffs = ReplicaHandOffs()
+    @property
+    def joining(self) -> Seq[Sequence]:
+        """Parked requests whose KV is arriving here, to join the rows once it has landed."""
+        return list(self.planner.parking.joining) if self.planner.parking is not None else []
 
-    def _books(self) -> ReplicaHandOffs:
-        if (books := self.planner.handoffs) is None:
-            raise InvariantError("a hand-off asked of a replica with no role (cluster.roles)")
-        return books
+    def attach_parking(self, parking: Parking) -> None:
+        """Requests will hold blocks here outside the running rows, kept by `parking` (a
+        cluster's replica with a role): rows whose part here is done leave to it, requests
+        whose KV it brings join from it."""
+        if self.planner.parking is not None:
+            raise InvariantError("an engine's parked requests have one keeper")
+        self.planner.parking = parking
 
     @property
     def cuts_prefills(self) -> bool:
@@ -196,18 +199,18 @@ class Engine:
     @property
     def has_work(self) -> bool:
         q = self.planner
-        landed = q.handoffs is not None and q.handoffs.landed
+        landed = q.parking is not None and q.parking.next_landing() is not None
         return bool(q.pending or q.waiting or q.running or landed)
 
     def next_work(self) -> float:
         """When an engine with nothing queued or running next has something to do: its next
         arrival, or the landing of a request's KV (a decode replica), whichever is first."""
         times = []
-        if self.planner.pending:
-            times.append(self.planner.pending[0].arrival)
-        books = self.planner.handoffs
-        if books is not None and books.landed:
-            times.append(books.landed[0][0])
+        q = self.planner
+        if q.pending:
+            times.append(q.pending[0].arrival)
+        if q.parking is not None and (at := q.parking.next_landing()) is not None:
+            times.append(at)
         return min(times)
 
     def advance(self) -> StepStats | None:
@@ -251,29 +254,25 @@ class Engine:
         self.seqs.append(copy)
         self._enqueue(copy, now=True)
 
-    def take_handed_off(self) -> list[HandOff]:
-        """The requests handed off since the last call (a prefill replica's, each after its
-        first token), their blocks still held here until `release_sent`."""
-        return self._books().take()
-
-    def reserve(self, seq: Sequence) -> Sequence | None:
-        """Blocks for `seq`'s KV before it is sent (`ReplicaHandOffs.reserve`): the request
-        as this replica will serve it, or None when it cannot be reserved now."""
-        copy = self._books().reserve(
-            seq, self.pool, self.p.allocator, self.planner.view, self._fail
-        )
-        if copy is not None:
-            self.seqs.append(copy)
-            self.counters.kv_overhang_slots += self.planner.overhang(copy)
-        return copy
-
-    def accept(self, copy: Sequence, at: float) -> None:
-        """`copy`'s KV has landed in its reserved blocks at `at`."""
-        self._books().accept(copy, at)
-
-    def release_sent(self, seq: Sequence, at: float) -> None:
-        """`seq`'s KV has reached its decode replica: its blocks here are freed."""
-        self.planner.release(self._books().sent(seq), Status.TRANSFERRED, at)
+    def reserve_for(self, seq: Sequence) -> bool:
+        """Blocks for a request whose KV will arrive here from elsewhere, reserved before any
+        of it is sent: priced as an admission (the allocator's `blocks_to_admit` and
+        `admits`, as the planner asks them) of the request as it arrives. True: reserved,
+        and the request is this engine's, parked until it lands; False: not now."""
+        bs, allocator = self.pool.block_size, self.p.allocator
+        n = allocator.blocks_to_admit(seq, bs)
+        if not isinstance(n, int) or n * bs < seq.num_tokens:
+            raise self._fail(
+                "allocator", f"priced {seq.id}'s {seq.num_tokens} arriving tokens at {n!r} blocks"
+            )
+        if not self.pool.can_place([n]) or not allocator.admits(
+            self.planner.view(), seq, self.pool.num_free
+        ):
+            return False
+        seq.block_table = self.pool.allocate(seq.id, n)
+        self.seqs.append(seq)
+        self.counters.kv_overhang_slots += self.planner.overhang(seq)
+        return True
 
     # ---- one step --------------------------------------------------------------------
     def step(self) -> StepStats | None:
@@ -333,7 +332,7 @@ class Engine:
         transfers, which will be freed, are what keeps them out)."""
         self._notify(self.held.take()[1])
         q = self.planner
-        if q.waiting and not q.pending and not q.handoffs:
+        if q.waiting and not q.pending and not q.parking:
             raise self._fail(
                 "scheduler",
                 f"admitted nothing while the engine is idle and {len(q.waiting)} requests wait",
@@ -432,7 +431,7 @@ class Engine:
         check_step(
             batch,
             running=self.planner.running,
-            parked=self.handoffs.parked() if self.handoffs is not None else [],
+            parked=[*q.leaving, *q.joining] if (q := self.planner.parking) is not None else [],
             pool=self.pool,
             counters=self.counters,
             held_steps=self.held.count,

@@ -33,8 +33,8 @@ from framework.engine.counters import Counters
 from framework.engine.held import HeldTokens
 from framework.engine.invariants import InvariantError
 from framework.engine.lookups import Lookups
+from framework.engine.parking import Parking
 from framework.engine.phases import PhaseTimer
-from framework.engine.replica_handoffs import ReplicaHandOffs
 from framework.engine.settings import GuardedPolicies, Limits
 from framework.engine.step_log import StepLog
 from framework.engine.step_plan import StepPlan
@@ -69,9 +69,8 @@ class Planner:
         self.pauses = True  # whether it has a `pause` of its own
         self.lookups = Lookups(pool, policies)
         self._admit_counter = 0
-        # A cluster's prefill/decode disaggregation: the requests handed off or arriving,
-        # each holding blocks outside the running rows; None unless the cluster has roles.
-        self.handoffs: ReplicaHandOffs | None = None
+        # Requests holding blocks outside the rows while their KV moves (`attach_parking`).
+        self.parking: Parking | None = None
 
     def now(self) -> float:
         return self.clock.now()
@@ -86,7 +85,7 @@ class Planner:
         """The step's decisions, each applied as made; the plan built once from their returns.
         Yields whenever the held tokens must come home first (the module docstring)."""
         evicted = yield from self.evict()
-        if self.handoffs is not None and self.handoffs.landed:
+        if self.parking is not None and self.parking.next_landing() is not None:
             yield from self.join_landed()
         timer.lap("schedule")
         preempted = yield from self.grow()
@@ -184,34 +183,38 @@ class Planner:
             planned=planned,
         )
 
-    # ---- hand-offs (prefill/decode disaggregation) ------------------------------------
+    # ---- parked requests (a cluster's hand-offs) -------------------------------------
     def hand_off(self) -> None:
         """After held tokens came home: rows whose part here is done though they owe more
-        tokens (`HeldTokens.take_handed`) leave the running rows, their blocks still held,
-        for the cluster to move: a hand-off is not an eviction, so no scheduler is asked."""
+        tokens (`HeldTokens.take_handed`) leave the rows, parked with their blocks held, for
+        the cluster to move (not an eviction: no scheduler is asked)."""
         handed = self.held.take_handed()
         if not handed:
             return
-        if self.handoffs is None:
-            raise InvariantError(f"{handed[0][0].id} handed off by a replica with no role")
+        if self.parking is None:
+            raise InvariantError(f"{handed[0][0].id} handed off by an engine that parks nothing")
         now = self.now()
         for seq, forward_s in handed:
             self.running.remove(seq)
-            self.handoffs.send(seq, now, forward_s)
+            self.parking.leave(seq, now, forward_s)
 
     def join_landed(self) -> Planning[None]:
         """Requests whose KV has landed join the running rows as decode rows while a row is
         free, ahead of any admission: their blocks are theirs since the reservation, and
         their prompt is computed (it came over the link)."""
-        now = self.now()
-        books, cap = self.handoffs, self.limits.max_num_seqs
-        assert books is not None  # called only with landed requests
-        if not (books.landed[0][0] <= now and len(self.running) < cap):
+        now, parking, cap = self.now(), self.parking, self.limits.max_num_seqs
+        assert parking is not None  # called only with landed requests
+
+        def ready() -> bool:
+            at = parking.next_landing()
+            return at is not None and at <= now and len(self.running) < cap
+
+        if not ready():
             return
         if self.held.count:  # the rows change: held tokens home first
             yield
-        while books.landed and books.landed[0][0] <= now and len(self.running) < cap:
-            self.join(books.land())
+        while ready():
+            self.join(parking.land())
 
     # ---- evict, grow, displace -------------------------------------------------------
     def evict(self) -> Planning[int]:

@@ -76,7 +76,7 @@ def merge(
     latest: dict[str, Sequence] = {}  # a request handed off: its decode replica's copy
     for r in parts:
         for s in r.seqs:
-            if s.status is Status.LOST:  # a failure took it there: served where it went next
+            if s.status is Status.MOVED:  # served where it went next
                 continue
             if s.carried or s.id not in latest:
                 latest[s.id] = s

@@ -44,11 +44,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
     n_steps = len(steps)
     # A prefill replica's requests handed off to a decode replica had their first token
     # here: their TTFT is this replica's doing.
-    first = [
-        s
-        for s in seqs
-        if s.status in (Status.RELEASED, Status.TRANSFERRED) and s.finish_reason != ABORTED
-    ]
+    here = [s for s in seqs if s.status is Status.RELEASED or s.handed_on]
+    first = [s for s in here if s.finish_reason != ABORTED]
     ttft = [s.first_token_at - s.arrival for s in first if s.first_token_at is not None]
     e2e = [s.finished_at - s.arrival for s in done if s.finished_at is not None]
     tpot = [
