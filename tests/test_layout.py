@@ -24,6 +24,17 @@ REMOVED = (
     "plugins.schedulers.admission",
 )
 MAX_LINES = 450  # a module's length bound under framework/: one job a file
+# The jobs that need more, with their own bound and why: split, they would be two files
+# sharing one job's state.
+LONGER = {
+    # every decision of a step checked and applied (evict, grow, preempt by recompute or
+    # swap, displace, choose, admit) by the one owner of the queues: split, the queues would
+    # have two writers
+    "framework.engine.planner": 480,
+    # the engine's verbs: the step's three calls and what the outside asks of one engine
+    # (submit, abort, take over a request, park and reserve for a cluster, finish)
+    "framework.engine.loop": 470,
+}
 
 # Which job may import which: each group only from those listed (and itself).
 MAY_IMPORT = {
@@ -177,7 +188,8 @@ def test_the_moved_modules_left_no_alias_behind(old: str) -> None:
 @pytest.mark.parametrize("module", sorted(FILES))
 def test_every_framework_module_stays_short(module: str) -> None:
     lines = len(FILES[module].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{module} is {lines} lines; split it by job (<= {MAX_LINES})"
+    bound = LONGER.get(module, MAX_LINES)
+    assert lines <= bound, f"{module} is {lines} lines; split it by job (<= {bound})"
 
 
 def test_the_engine_never_branches_on_a_missing_cache() -> None:
@@ -459,7 +471,8 @@ def test_one_release_path() -> None:
     """Blocks go back to the pool in one place, `Planner.release`: finishing, preemption,
     abort and a hand-off's sent KV all call it, so freeing, emptying the table and setting
     the status cannot drift apart. No other code under framework/ or plugins/ calls a pool's
-    `free` or empties a block table."""
+    `free` or empties a block table. The host KV tier's pool has its own one release path,
+    `HostTier._release` (a swap in, a drop, a swap undone), and nothing else frees there."""
 
     def frees(node: ast.AST) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -477,9 +490,17 @@ def test_one_release_path() -> None:
     ]
     inside = {id(n) for n in ast.walk(release)}
     assert sum(frees(n) for n in ast.walk(release)) == 2, "release no longer frees and empties"
+    tier = ast.parse((ROOT / "framework/engine/host_tier.py").read_text(encoding="utf-8"))
+    (own,) = [n for n in ast.walk(tier) if isinstance(n, ast.FunctionDef) and n.name == "_release"]
+    assert sum(frees(n) for n in ast.walk(own)) == 1, "the host tier's release no longer frees"
+    inside |= {id(n) for n in ast.walk(own)}
+    trees = {
+        ROOT / "framework/engine/planner.py": planner,
+        ROOT / "framework/engine/host_tier.py": tier,
+    }
     stray = []
     for path in [*(ROOT / "framework").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]:
-        tree = planner if path == ROOT / "framework/engine/planner.py" else None
+        tree = trees.get(path)
         for node in ast.walk(tree or ast.parse(path.read_text(encoding="utf-8"))):
             if frees(node) and id(node) not in inside:
                 stray.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")

@@ -45,6 +45,9 @@ PREEMPTIONS = (
     ("preemption=recompute", "preemption.victim=oldest"),
     ("preemption=recompute", "preemption.victim=most_blocks"),
     ("preemption=priority",),
+    # a host KV tier: victims swapped out and back (not with a prefix cache: refused)
+    ("preemption=recompute", "preemption.mode=swap", "engine.host_kv_memory_mb=1"),
+    ("preemption=priority", "preemption.mode=cheaper", "engine.host_kv_memory_mb=1"),
 )
 REFERENCE = ("scheduler=static", "allocator=worst_case", "output=immediate")
 
@@ -150,13 +153,13 @@ def policies(draw: st.DrawFn, schedulers: tuple[str, ...] = SCHEDULERS) -> tuple
         if scheduler == "chunked"
         else ()
     )
-    return (
-        f"scheduler={scheduler}",
-        *chunk,
-        f"allocator={draw(st.sampled_from(ALLOCATORS))}",
-        *draw(st.sampled_from(PREEMPTIONS)),
-        *output,
-    )
+    allocator = draw(st.sampled_from(ALLOCATORS))
+    preemption = draw(st.sampled_from(PREEMPTIONS))
+    if allocator == "prefix_cache" and "preemption.mode=swap" in preemption:
+        preemption = PREEMPTIONS[0]
+    if allocator == "prefix_cache" and "preemption.mode=cheaper" in preemption:
+        preemption = PREEMPTIONS[3]
+    return (f"scheduler={scheduler}", *chunk, f"allocator={allocator}", *preemption, *output)
 
 
 @st.composite

@@ -27,9 +27,11 @@ from framework.api.policy import (
     PolicyConfig,
     PolicyError,
     Preemption,
+    PreemptionCosts,
     QueueView,
     Scheduler,
 )
+from framework.api.preempting import MODE_SETTINGS, check_mode, choose_mode
 from framework.api.router import ClusterView, Replica, ReplicaView, Router, RouterConfig
 from framework.core.cached_block import CachedBlock
 from framework.core.request import RequestSpec, SamplingParams
@@ -38,6 +40,7 @@ from framework.core.step_stats import PHASES, StepStats
 
 __all__ = [
     "API_VERSION",
+    "MODE_SETTINGS",
     "PHASES",
     "PROJECT",
     "Allocator",
@@ -50,6 +53,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyError",
     "Preemption",
+    "PreemptionCosts",
     "QueueView",
     "Replica",
     "ReplicaView",
@@ -63,6 +67,8 @@ __all__ = [
     "StepStats",
     "admit_fcfs",
     "admit_in_order",
+    "check_mode",
+    "choose_mode",
     "chunk_prefill",
     "hookimpl",
     "hookspec",

@@ -158,6 +158,26 @@ class ViewRules(Protocol):
 
     def admits(self, view: EngineView, seq: Sequence, free_blocks: int) -> bool: ...
 
+    def preemption_costs(self, seq: Sequence) -> PreemptionCosts | None: ...
+
+
+@dataclass(frozen=True)
+class PreemptionCosts:
+    """What preempting a running sequence would cost each way, as the executor predicts it
+    (a simulator from its hardware spec; the real model from what it measured): `swap_s`,
+    its KV copied to the host tier now and back when it is readmitted; `recompute_s`, its
+    computed tokens prefilled again. `host_free_blocks`: the host tier's free blocks now,
+    `swap_blocks`: how many the swap takes (more than are free: it cannot swap)."""
+
+    swap_s: float
+    recompute_s: float
+    swap_blocks: int
+    host_free_blocks: int
+
+    @property
+    def can_swap(self) -> bool:
+        return self.swap_blocks <= self.host_free_blocks
+
 
 @dataclass(frozen=True)
 class EngineView:
@@ -199,6 +219,11 @@ class EngineView:
         signal (`scheduler=lpm`). Each call hashes the prompt's blocks: cheap for a few,
         not for every request of a long queue."""
         return 0 if self.rules is None else self.rules.cached_tokens(seq)
+
+    def preemption_costs(self, seq: Sequence) -> PreemptionCosts | None:
+        """The predicted costs of preempting running `seq` by swap and by recompute; None
+        with no host tier (`engine.host_kv_memory_mb=0`) or on a view built by hand."""
+        return None if self.rules is None else self.rules.preemption_costs(seq)
 
     def step_tokens(self) -> int:
         """Tokens the running rows will put in the next forward: in the admission view,
@@ -326,6 +351,18 @@ class Preemption(ABC):
         The engine calls again while the pool is still short, so returning one victim at a
         time is fine. Returning none while short is an error.
         """
+
+    def mode(self, view: EngineView, victim: Sequence) -> str:
+        """How `victim` gives its blocks back: `recompute` (freed; its tokens prefilled
+        again when readmitted) or `swap` (its KV copied to the host tier and back when
+        readmitted: `engine.host_kv_memory_mb`). Asked once per victim, before it is freed;
+        `view.preemption_costs(victim)` predicts both. A swap the host tier cannot hold
+        falls back to recompute, counted (`swap_fallbacks`)."""
+        return RECOMPUTE
+
+
+RECOMPUTE, SWAP = "recompute", "swap"
+PREEMPTION_MODES = (RECOMPUTE, SWAP)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,10 @@ def lose_replica(engine: Engine) -> list[Sequence]:
     counters.lost_tokens += planner.held.lose_all()  # sampled on the device, never read back
     lost: list[Sequence] = []
     for seq in planner.empty():
-        if seq.status in (Status.WAITING, Status.PENDING):  # it holds nothing
-            seq.status, seq.released_at = Status.MOVED, now
+        if seq.status in (Status.WAITING, Status.PENDING):  # no device blocks
+            # a victim swapped to the host tier loses that KV with the replica too
+            counters.failure_recomputed_tokens += seq.num_computed if seq.host_table else 0
+            planner.release(seq, Status.MOVED, now)
         elif seq.finish_reason is not None:  # every token delivered: it finished here
             planner.release(seq, Status.RELEASED, now)
             continue

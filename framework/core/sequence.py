@@ -41,6 +41,10 @@ class Sequence:
     status: Status = Status.PENDING
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    # While waiting after a preemption by swap: the host tier's blocks holding the KV of its
+    # first `num_computed` tokens (`framework.engine.host_tier`), copied back when it is
+    # admitted again; empty otherwise. A request never holds blocks in both tiers at once.
+    host_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K/V is in this sequence's blocks
     num_held: int = 0  # sampled tokens still on the device: in the cache, not yet in the request
     # Positions below this are prefill since the last admission (the prompt, and on a

@@ -11,7 +11,7 @@ from typing import Any
 
 PHASES = (
     "schedule", "allocate", "build", "forward", "sample", "output", "apply", "hooks", "host",
-    "readback", "wait", "software",
+    "readback", "wait", "software", "swap",
 )  # fmt: skip
 # The engine's own work, measured phase by phase; under a simulation's modelled host time
 # (`executor.host_time=model`) they read 0 and the modelled cost is `host` instead.
@@ -26,7 +26,9 @@ PHASES = (
 # are the device's seconds between events on its stream, read when the step's tokens are
 # drained (`framework.engine.held`; until then, in the step's hooks, the launches), and the
 # host's seconds launching them are in `host`. On a CPU `forward` and `sample` are the
-# host's seconds (the forward runs on its cores) and a real run's `host` is 0.
+# host's seconds (the forward runs on its cores) and a real run's `host` is 0. `swap` is the
+# KV blocks copied between the device and the host tier before the forward: a real run's
+# measured copies, a simulation's predicted ones (its hardware's host link).
 HOST_PHASES = ("schedule", "allocate", "build", "output", "apply", "hooks")
 
 
@@ -51,6 +53,10 @@ class StepStats:
     transfers: int
     held_steps: int  # steps of sampled tokens still on the device after this step
     window: float  # the output policy's window in force
+    # KV blocks copied to the host tier (preemption by swap) and back (readmissions), before
+    # this step's forward (`engine.host_kv_memory_mb`; their seconds are the `swap` phase)
+    swapped_out: int = 0
+    swapped_in: int = 0
     phase_s: dict[str, float] = field(default_factory=dict)
 
     def values(self) -> tuple[Any, ...]:

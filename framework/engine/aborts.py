@@ -49,6 +49,8 @@ class Aborts:
             # parked or moved: a cluster's hand-off, which a server never starts
             raise ValueError(f"{seq.id} is {seq.status.value}: a hand-off cannot be aborted")
         self.planner.remove(seq)
+        if seq.host_table:  # swapped out: its host blocks go back uncopied
+            self.planner.release(seq, Status.RELEASED)
         self._end(seq, reason)
         return True
 

@@ -48,6 +48,21 @@ class Row:
         return (not self.is_decode) if self.prefill is None else self.prefill
 
 
+@dataclass(frozen=True)
+class Swaps:
+    """One step's copies between the tiers, as (from, to) block pairs: `out`, device to
+    host (copied first), then `into`, host to device; both before the step's forward."""
+
+    out: tuple[tuple[int, int], ...] = ()
+    into: tuple[tuple[int, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.out or self.into)
+
+
+NO_SWAPS = Swaps()
+
+
 @dataclass
 class StepBatch:
     rows: list[Row]
@@ -57,6 +72,9 @@ class StepBatch:
     # Requests still waiting once the step was planned: what a real engine's scheduler walks
     # each step, so a simulated engine's software prices it (`executor.software`).
     waiting: int = 0
+    # KV blocks the executor copies between the device and the host tier before the
+    # forward (`framework.engine.host_tier`): every copy out, then every copy in.
+    swaps: Swaps = NO_SWAPS
 
     @classmethod
     def counted(
@@ -69,10 +87,11 @@ class StepBatch:
         decode_rows: int,
         sampling_rows: int,
         waiting: int = 0,
+        swaps: Swaps = NO_SWAPS,
     ) -> StepBatch:
         """A batch whose counts its builder already took while packing it (the engine does:
         at trace scale three more passes over the rows were a tenth of its host work)."""
-        batch = cls(rows, device_inputs, waiting)
+        batch = cls(rows, device_inputs, waiting, swaps)
         batch.__dict__.update(  # what the cached properties below would compute
             num_tokens=num_tokens,
             prefill_tokens=prefill_tokens,

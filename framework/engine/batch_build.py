@@ -163,4 +163,5 @@ class BatchBuilder:
             decode_rows=decode_rows,
             sampling_rows=sampling_rows,
             waiting=waiting,
+            swaps=plan.swaps,
         )

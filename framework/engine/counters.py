@@ -23,6 +23,14 @@ class Counters:
     recomputed_tokens: int = (
         0  # tokens whose K/V was computed, dropped by preemption, computed again
     )
+    # Preemption by swap (`engine.host_kv_memory_mb`): blocks and bytes copied to the host
+    # tier and back; victims the policy would swap that the host tier could not hold
+    # (recomputed instead).
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    swapped_out_bytes: int = 0
+    swapped_in_bytes: int = 0
+    swap_fallbacks: int = 0
     transfers: int = 0  # device-to-host readbacks of sampled tokens
     # Output accounting: deferred = tokens_kept + overshoot + held + lost, always. No held
     # token is ever lost to a preemption: held tokens come home before any row is preempted

@@ -1,5 +1,5 @@
 """The engine's answers to a policy view's questions (`ViewRules`): a prefix lookup, a chunk as
-the scheduler gives it, the allocator's price and veto.
+the scheduler gives it, the allocator's price and veto, a preemption's predicted costs.
 
 A view holds this object and nothing else of the engine: none of its methods moves a block,
 a request or a token. A prefix cache makes each lookup once per request while it stays as it
@@ -20,15 +20,19 @@ from typing import TYPE_CHECKING
 from framework.core.sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from framework.api.policy import EngineView
+    from framework.api.policy import EngineView, PreemptionCosts
     from framework.engine.block_pool import BlockPool
+    from framework.engine.host_tier import HostTier
     from framework.engine.settings import GuardedPolicies
 
 
 class Lookups:
-    def __init__(self, pool: BlockPool, policies: GuardedPolicies) -> None:
+    def __init__(
+        self, pool: BlockPool, policies: GuardedPolicies, tier: HostTier | None = None
+    ) -> None:
         self.pool = pool
         self.p = policies
+        self.tier = tier
         self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own
         self._recorded: list[Sequence] = []  # waiting requests whose cached prefix is set
 
@@ -74,3 +78,7 @@ class Lookups:
         cost nothing; an evictable cached block costs one, like a fresh one)."""
         n: int = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
         return n - self.pool.in_use(self.pool.cached_blocks(seq))
+
+    def preemption_costs(self, seq: Sequence) -> PreemptionCosts | None:
+        """Swap against recompute for running `seq`, as the executor predicts them."""
+        return self.tier.costs(seq) if self.tier is not None else None

@@ -36,6 +36,7 @@ from framework.engine.counters import Counters
 from framework.engine.executor import ExecResult, Executor, describe
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
+from framework.engine.host_tier import HostTier, SwapCosts
 from framework.engine.invariants import InvariantError, check_end, check_step
 from framework.engine.kv_usage import account_kv
 from framework.engine.parking import Parking
@@ -78,7 +79,11 @@ class Engine:
         check_invariants: bool = True,
         device: torch.device | None = None,
         clock: Clock | None = None,
+        host_pool: BlockPool | None = None,
+        kv_block_bytes: int = 0,
     ) -> None:
+        """`host_pool`: the host KV tier's blocks, where preemption may swap a victim's KV
+        (`kv_block_bytes` each); the executor then copies them (`SwapCosts`)."""
         self.executor = executor
         self.pool = pool
         # The model's context, which a reservation rule may book whole (Orca's `max`).
@@ -100,8 +105,13 @@ class Engine:
         self.held = HeldTokens(
             self.readback, self.costs, self.clock, self.counters, self.timer, self.steps
         )
+        tier = None
+        if host_pool is not None:
+            if not isinstance(executor, SwapCosts):
+                raise ValueError(f"{type(executor).__name__} cannot swap KV to a host tier")
+            tier = HostTier(host_pool, self.counters, kv_block_bytes, executor)
         self.planner = Planner(
-            pool, self.p, limits, self.counters, self.held, self.steps, self.clock
+            pool, self.p, limits, self.counters, self.held, self.steps, self.clock, tier
         )
         self.aborts = Aborts(self.planner, self.held, self.counters)
         self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
@@ -225,6 +235,8 @@ class Engine:
         result = self.partial_result()
         if self.check_invariants:
             check_end(self.seqs, self.pool, self.counters, self.held.on_device)
+            if self.planner.tier is not None:
+                self.planner.tier.check(self.seqs, end=True)
         return result
 
     def partial_result(self) -> RunResult:
@@ -344,7 +356,7 @@ class Engine:
         self.clock.executing(len(batch.rows))
         result = self.executor.execute(batch)
         ready_at, waited = self.clock.executed(
-            result.prepare_s + result.host_s, result.forward_s + result.sample_s
+            result.prepare_s + result.host_s, result.swap_s + result.forward_s + result.sample_s
         )
         timer = self.timer
         timer.wait += waited  # a simulated GPU still busy with the step before
@@ -352,6 +364,8 @@ class Engine:
         timer.add("build", result.prepare_s)
         if result.host_s:  # a simulated engine's software (`executor.software`)
             timer.add("software", result.host_s)
+        if result.swap_s:  # KV copied between the tiers before the forward
+            timer.add("swap", result.swap_s)
         timer.add("forward", result.forward_s)
         timer.add("sample", result.sample_s)
         timer.skip()
@@ -423,6 +437,8 @@ class Engine:
             blocks_in_use=self.pool.num_used,
             transfers=self.counters.transfers - transfers,
             held_steps=self.held.count,
+            swapped_out=len(plan.swaps.out),
+            swapped_in=len(plan.swaps.into),
             window=self.p.output.window(),  # after `keep`, which may have moved it
             phase_s=self.timer.phases,
         )

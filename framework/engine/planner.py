@@ -25,12 +25,14 @@ from collections import deque
 from collections.abc import Generator
 from typing import TypeVar
 
-from framework.api.policy import EngineView, PolicyError, QueueView
+from framework.api.policy import PREEMPTION_MODES, SWAP, EngineView, PolicyError, QueueView
 from framework.core.sequence import Sequence, Status
+from framework.engine.batch import NO_SWAPS
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
 from framework.engine.counters import Counters
 from framework.engine.held import HeldTokens
+from framework.engine.host_tier import HostTier
 from framework.engine.invariants import InvariantError
 from framework.engine.lookups import Lookups
 from framework.engine.parking import Parking
@@ -54,6 +56,7 @@ class Planner:
         held: HeldTokens,
         steps: StepLog,
         clock: Clock,
+        tier: HostTier | None = None,
     ) -> None:
         self.pending: deque[Sequence] = deque()  # not yet arrived, in arrival order
         self.waiting: deque[Sequence] = deque()  # FCFS; a preempted request at the head
@@ -67,7 +70,8 @@ class Planner:
         self.clock = clock  # no reference back to the engine: it is freed with its last one
         self.displaces = True  # whether the scheduler has a `displace` of its own
         self.pauses = True  # whether it has a `pause` of its own
-        self.lookups = Lookups(pool, policies)
+        self.tier = tier  # the host KV tier, where a victim may swap (None: none)
+        self.lookups = Lookups(pool, policies, tier)
         self._admit_counter = 0
         # Requests holding blocks outside the rows while their KV moves (`attach_parking`).
         self.parking: Parking | None = None
@@ -102,7 +106,8 @@ class Planner:
         if paused:  # the paused rows compute nothing this step
             kept = set(map(id, rows))
             partial = {s: n for s, n in partial.items() if id(s) in kept}
-        return StepPlan(rows, partial, cache_hits, evicted, preempted, len(admitted), paused)
+        swaps = self.tier.take(bool(rows)) if self.tier is not None else NO_SWAPS
+        return StepPlan(rows, partial, cache_hits, evicted, preempted, len(admitted), paused, swaps)
 
     def unpaused(self, admitted: list[Sequence]) -> Planning[list[Sequence]]:
         """The running rows less those the scheduler pauses for this step (checked)."""
@@ -239,7 +244,10 @@ class Planner:
         """The one way a sequence gives its blocks back, whatever ends its hold: finishing,
         preemption, abort, a hand-off's KV sent. Its blocks go back to the pool (a prefix
         cache drops its references), its table is emptied and its status set; `at` stamps
-        when it left this replica (a preempted one has not: it waits to come back)."""
+        when it left this replica (a preempted one has not: it waits to come back). A
+        request that leaves for good drops what it swapped to the host tier."""
+        if seq.host_table and status is not Status.WAITING and self.tier is not None:
+            self.tier.drop(seq)
         self.counters.kv_overhang_slots -= self.overhang(seq)
         self.pool.free(seq.id, seq.block_table)
         seq.block_table = []
@@ -311,16 +319,28 @@ class Planner:
         return len(victims)
 
     def preempt(self, seq: Sequence) -> None:
+        """`seq` leaves the rows for the head of the queue, its blocks freed: its KV swapped
+        to the host tier first if the preemption policy says so and the tier holds it,
+        else dropped, to be computed again when it is readmitted."""
         if seq.num_held:  # growth drains before it preempts: nothing may be in flight here
             raise InvariantError(f"{seq.id} preempted with {seq.num_held} tokens in flight")
+        swapped = self._swaps(seq) and self.tier is not None and self.tier.swap_out(seq)
         self.running.remove(seq)
         self.release(seq, Status.WAITING)
         seq.prefix_published = 0
         self.counters.preemptions += 1
-        self.counters.recomputed_tokens += seq.num_computed
-        seq.num_computed = 0
+        if not swapped:
+            self.counters.recomputed_tokens += seq.num_computed
+            seq.num_computed = 0
         seq.preemptions += 1
         self.waiting.appendleft(seq)
+
+    def _swaps(self, seq: Sequence) -> bool:
+        mode: object = self.p.preemption.mode(self.view(), seq)
+        if mode not in PREEMPTION_MODES or (mode == SWAP and self.tier is None):
+            have = "a host KV tier" if self.tier else "no host KV tier (engine.host_kv_memory_mb)"
+            raise self.fail("preemption", f"mode {mode!r} for {seq.id}, with {have}")
+        return mode == SWAP
 
     def short_table(self, seq: Sequence, exc: IndexError) -> Exception:
         """What an IndexError while building `seq`'s row means: the allocator left it too
@@ -443,7 +463,10 @@ class Planner:
             self.pool.count_admission(seq, self.counters)
             if max(n, len(seq.block_table)) * bs < (need := seq.num_tokens):
                 raise self.fail("allocator", f"gave {seq.id} {n} blocks for {need} tokens")
-            seq.prefill_end = seq.total_len  # all of it is prefill, until the row samples
+            if seq.host_table and self.tier is not None:  # swapped out: its KV comes back
+                self.tier.swap_in(seq)
+            else:
+                seq.prefill_end = seq.total_len  # all of it is prefill, until the row samples
             if seq.admitted_at is None:
                 seq.admitted_at = self.now()
             self.join(seq)

@@ -2,7 +2,7 @@
 
 A whole day's trace is a million steps, and a cluster's replicas each add theirs. Held as
 `StepStats` objects (each with a dict of phase seconds) a million steps took about 1 GB of
-memory; here a step is one row of `STEP_COLUMNS` float64s (232 bytes), and only the newest
+memory; here a step is one row of `STEP_COLUMNS` float64s (272 bytes), and only the newest
 `CHUNK_ROWS` rows stay in memory: the older ones go to an anonymous temporary file, from which
 they are read back a chunk at a time to write `steps.csv`, sum a column or draw a plot.
 

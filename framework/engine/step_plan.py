@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from framework.core.sequence import Sequence
+from framework.engine.batch import NO_SWAPS, Swaps
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,9 @@ class StepPlan:
     `rows` are the forward's rows in order. Each computes `tokens(seq)` tokens: all it has
     pending (`step_tokens`; a finished row of a static batch, one), or, for a row cut short
     (chunked prefill), the count in `partial`. `cache_hits` holds each admission's leading
-    tokens found in the prefix cache, which its forward reads and does not compute."""
+    tokens found in the prefix cache, which its forward reads and does not compute.
+    `swaps` are the block copies between the device and the host tier that the executor
+    makes before the forward (preemptions by swap, readmissions of swapped requests)."""
 
     rows: list[Sequence] = field(default_factory=list)
     partial: dict[Sequence, int] = field(default_factory=dict)
@@ -25,6 +28,7 @@ class StepPlan:
     preempted: int = 0
     admitted: int = 0
     paused: int = 0  # running rows that sit the step out (`Scheduler.pause`)
+    swaps: Swaps = NO_SWAPS  # KV blocks copied between the tiers before the forward
 
     def tokens(self, seq: Sequence) -> int:
         """The tokens `seq`'s row computes in this step's forward."""

@@ -19,6 +19,7 @@ from framework.executors.cache_lease import Lease
 from framework.executors.decode_graphs import DecodeGraphs, Forward, StaticInputs, buckets
 from framework.executors.device_time import DeviceSpan
 from framework.executors.flex_paged import FlexDecode, decode_plan, prefill_plan
+from framework.executors.host_kv import HostKV
 from framework.executors.kernel_choice import (
     AUTO,
     Choice,
@@ -51,13 +52,20 @@ class HFExecutor:
         lease: Lease | None = None,
         max_num_seqs: int = 16,
         max_len: int = 2048,
+        host_blocks: int = 0,
     ) -> None:
         """`graphs`: whether decode steps run through static buffers (`decode_graphs.py`,
         captured on CUDA; `choose_graphs`), over `lease`'s cache when one is lent
-        (`cache_lease.py`): buckets up to `max_num_seqs` rows, tables as wide as `max_len`."""
+        (`cache_lease.py`): buckets up to `max_num_seqs` rows, tables as wide as `max_len`.
+        `host_blocks`: the host KV tier's blocks (`host_kv.py`), where a swap copies to."""
         self.model = model
         self.cache = cache
         self.device = device
+        self.host = HostKV(cache, host_blocks) if host_blocks else None
+        # Measured forward seconds per prefill token, for a preemption's predicted cost of
+        # recomputing: over the steps with prefill rows so far.
+        self._prefill_s = 0.0
+        self._prefill_tokens = 0
         model.set_attn_implementation(ATTN_NAME)
         # The model object may be shared (tests, benchmarks): each engine states its own way,
         # measured on this machine unless set (auto / true / false).
@@ -229,8 +237,23 @@ class HFExecutor:
             "overlap": "host and device" if self.device.type == "cuda" else "none",
         }
 
+    def swap_seconds(self, blocks: int) -> float:
+        """Predicted seconds to copy `blocks` blocks one way: as the copies so far took."""
+        return blocks * self.host.seconds_per_block() if self.host is not None else 0.0
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Predicted seconds to prefill `tokens` again: as this run's prefills took."""
+        if not self._prefill_tokens:
+            return 0.0
+        return tokens * self._prefill_s / self._prefill_tokens
+
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> ExecResult:
+        swap_s = 0.0
+        if batch.swaps:
+            if self.host is None:
+                raise RuntimeError("a step asks for KV swaps of an executor with no host tier")
+            swap_s = self.host.copy(self.cache, batch.swaps)
         t_prep = time.perf_counter()
         rows = len(batch.rows)
         decode = rows if batch.decode_rows == rows else 0  # its device seconds fit row_s
@@ -259,12 +282,16 @@ class HFExecutor:
         tokens = sample(logits.float(), batch.rows, self._argmax)
         if span is not None:
             span.mark()
+        if batch.prefill_tokens:
+            self._prefill_s += t1 - t0
+            self._prefill_tokens += batch.num_tokens
         return ExecResult(
             tokens=tokens,
             forward_s=t1 - t0,
             sample_s=time.perf_counter() - t1,
             prepare_s=t0 - t_prep,
             span=span,
+            swap_s=swap_s,
         )
 
 

@@ -34,7 +34,7 @@ from framework.executors.simulated.executor import SimulatedExecutor
 from framework.plugin_host.faults import guard_hooks
 from framework.plugin_host.registry import registry
 from framework.run.cluster_run import ClusterRunner, build_router
-from framework.run.config_checks import check_run, check_window
+from framework.run.config_checks import check_host_tier, check_run, check_window
 from framework.run.disaggregation import build_handoffs, decode_router, link_setting
 from framework.run.errors import user_input
 from framework.run.fits import check_fits
@@ -180,6 +180,14 @@ def build_engine(
             f"engine.kv_memory_mb={e.kv_memory_mb} holds no block of {per_block} bytes; "
             f"raise it or set engine.num_blocks"
         )
+    host_blocks = 0
+    if e.host_kv_memory_mb > 0:  # the host KV tier, where preemption may swap
+        host_blocks = blocks_in_budget(e.host_kv_memory_mb, per_block)
+        if host_blocks < 1:
+            raise ValueError(
+                f"engine.host_kv_memory_mb={e.host_kv_memory_mb} holds no block of {per_block} "
+                "bytes; raise it, or 0 for no host tier"
+            )
     if getattr(policies.allocator, "caches_prefixes", False):  # allocator=prefix_cache
         # The salt keeps two models' or dtypes' K/V apart, should one pool ever serve both.
         salt = f"{cfg.model.source}:{cfg.model.get('path')}:{dtype}"
@@ -191,11 +199,13 @@ def build_engine(
         pool = ContiguousPool(num_blocks, e.block_size)
     else:
         pool = BlockPool(num_blocks, e.block_size)
+    if host_blocks and pool.caches_prefixes:  # shared and copied back apart: not built
+        raise ValueError("engine.host_kv_memory_mb > 0 takes an allocator that caches no prefixes")
     max_len = cfg.model.max_model_len or model.config.max_position_embeddings
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
     executor: Executor
     if is_simulated(cfg):  # no KV tensors: the scratch block is only a number
-        executor, clock = build_simulated(cfg, model, say)
+        executor, clock = build_simulated(cfg, model, say, per_block if host_blocks else 0)
         scratch = num_blocks
     else:
         # The real executor's modules (transformers' modelling code) only where a model
@@ -225,6 +235,7 @@ def build_engine(
             lease=lease,
             max_num_seqs=e.max_num_seqs,
             max_len=max_len,
+            host_blocks=host_blocks,
         )
         clock, scratch = WallClock(), cache.scratch_block
     return Engine(
@@ -237,6 +248,8 @@ def build_engine(
         check_invariants=e.check_invariants,
         device=device,
         clock=given if given is not None else clock,
+        host_pool=BlockPool(host_blocks, e.block_size) if host_blocks else None,
+        kv_block_bytes=per_block,
     )
 
 
@@ -299,6 +312,7 @@ def check_before_loading(cfg: DictConfig) -> None:
             "engine.kv_layout=contiguous keeps each request's KV in one extent reserved whole "
             f"at admission: it takes allocator=worst_case; got allocator={cfg.allocator.name}"
         )
+    check_host_tier(cfg, policies)
     check_window(cfg)
     resolve_device(cfg.device)
     resolve_dtype(cfg.dtype)
@@ -334,6 +348,17 @@ def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec])
         else engine.limits.max_num_batched_tokens,
         pool_source=source,
     )
+    tier = engine.planner.tier
+    if tier is not None and specs:
+        smallest = min(len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs)
+        need = tier.pool.blocks_for(smallest)
+        if tier.pool.num_blocks < need:
+            mb = need * tier.block_bytes / 2**20
+            raise ValueError(
+                f"engine.host_kv_memory_mb={e.host_kv_memory_mb} holds {tier.pool.num_blocks} "
+                f"blocks, too few for any request's KV (the smallest needs {need}): set it >= "
+                f"{mb:.1f}, or 0 for no host tier"
+            )
 
 
 def decode_outputs(tokenizer: Any, result: RunResult) -> dict[str, str]:

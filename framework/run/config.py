@@ -19,6 +19,9 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # explicit pool size; None: size it from kv_memory_mb
     kv_memory_mb: float = 256.0
+    # The host KV tier (vLLM's swap space): host memory for the KV of requests preempted by
+    # swap (`preemption.mode=swap|cheaper`), in MB. 0: none, every preemption recomputes.
+    host_kv_memory_mb: float = 0.0
     # How a request's KV blocks lie in the pool: paged (any free block, as vLLM) or
     # contiguous (one extent per request from a buddy allocator, reserved whole at admission,
     # as engines before paging: external fragmentation is real and counted).
@@ -95,6 +98,10 @@ class ExecutorConfig:
     # the wall clock, so the API answers with the profile's timing; `none` answers as fast
     # as this machine simulates. A batch run (`run.py`) is not paced.
     pace: str = "none"
+    # simulated, with a host KV tier (engine.host_kv_memory_mb): the link a swap's block
+    # copies take (a host link of framework/executors/simulated/links.yaml); null: the
+    # hardware spec's `host_link`, or `host_memory` for a profile measured on a CPU
+    host_link: str | None = None
 
 
 @dataclass

@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.api.policy import SWAP
+from framework.api.preempting import CHEAPER
 from framework.cluster.outages import parse_outages
 from framework.executors.decode_graphs import graphs_setting
 from framework.executors.kernel_choice import FLEX_KEYS, setting
@@ -45,6 +47,10 @@ def check_engine(e: Any) -> None:
     for name in kernels:
         setting(e[name], name)  # auto, true or false
     graphs_setting(e.cuda_graphs)
+    if e.host_kv_memory_mb < 0:
+        raise ValueError(
+            f"engine.host_kv_memory_mb must be >= 0 (0: no host KV tier), got {e.host_kv_memory_mb}"
+        )
     if e.kv_layout not in KV_LAYOUTS:
         raise ValueError(
             f"engine.kv_layout must be one of {', '.join(KV_LAYOUTS)}; got {e.kv_layout!r}"
@@ -275,4 +281,21 @@ def check_window(cfg: Any) -> None:
         raise ValueError(
             f"window must be >= 0 (steps of sampled tokens held on the device by "
             f"output=deferred; 0: none), got {cfg.window}"
+        )
+
+
+def check_host_tier(cfg: DictConfig, policies: Any) -> None:
+    """A preemption that swaps needs a host tier, and the host tier a pool that caches no
+    prefixes (a prefix cache's blocks outlive their request: what a readmission shares and
+    what it copies back would have to be told apart, which is not built)."""
+    mode = cfg.preemption.get("mode")
+    host = float(cfg.engine.host_kv_memory_mb)
+    if mode in (SWAP, CHEAPER) and host <= 0:
+        raise ValueError(
+            f"preemption.mode={mode} swaps KV to a host tier: set engine.host_kv_memory_mb > 0"
+        )
+    if host > 0 and getattr(policies.allocator, "caches_prefixes", False):
+        raise ValueError(
+            "engine.host_kv_memory_mb > 0 takes an allocator that caches no prefixes; got "
+            f"allocator={cfg.allocator.name}"
         )

@@ -29,8 +29,10 @@ from framework.executors.simulated.cost import (
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.model_shape import ModelShape as AnalyticShape
+from framework.executors.simulated.links import LinkSpec, shipped_links
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.software import IDEAL, SoftwareClock, SoftwareProfile
+from framework.executors.simulated.swap_cost import SwapCost
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 from framework.run.config_checks import overlap_setting
 from framework.tracking.machine import cpu_info
@@ -185,10 +187,11 @@ def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape
 
 
 def build_simulated(
-    cfg: DictConfig, shape: ModelShape, say: bool = True
+    cfg: DictConfig, shape: ModelShape, say: bool = True, swap_block_bytes: int = 0
 ) -> tuple[SimulatedExecutor, VirtualClock]:
     """The executor and the virtual clock of a simulated run (of one replica: `say` is
-    whether it says which profile it uses, once for a whole cluster)."""
+    whether it says which profile it uses, once for a whole cluster). `swap_block_bytes`:
+    with a host KV tier, one block's bytes, which a swap copies over the host link."""
     path = choose_profile(cfg, shape)
     x = cfg.executor
     cost: CostModel
@@ -238,8 +241,12 @@ def build_simulated(
     prep = getattr(cost, "prepare", None)
     prepare = prep.seconds if prep is not None and host is None else None
     readback = float(getattr(cost, "readback_s", 0.0))  # analytic profiles have none yet
+    swap = None
+    if swap_block_bytes:
+        layers = int(shape.config.num_hidden_layers)
+        swap = SwapCost(host_link(cfg, cost), 2 * layers, swap_block_bytes)
     executor = SimulatedExecutor(
-        cost, tokens, path, speed, compute, prepare, readback, overlap, software
+        cost, tokens, path, speed, compute, prepare, readback, overlap, software, swap
     )
     return executor, clock
 
@@ -248,3 +255,16 @@ def _no_host(rows: int) -> float:
     """The clock's modelled host time where an engine's software profile prices it instead
     (through each step's `ExecResult.host_s`)."""
     return 0.0
+
+
+def host_link(cfg: DictConfig, cost: CostModel) -> LinkSpec:
+    """The link a swap's copies take: `executor.host_link`, else the hardware spec's, else
+    (a profile measured on a CPU, whose two tiers are one memory) `host_memory`."""
+    name = cfg.executor.get("host_link")
+    if name is None:
+        hardware = getattr(cost, "hardware", None)
+        name = getattr(hardware, "host_link", None) or "host_memory"
+    links = shipped_links()
+    if name not in links:
+        raise ValueError(f"executor.host_link must be one of {', '.join(links)}; got {name!r}")
+    return links[name]

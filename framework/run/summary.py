@@ -91,8 +91,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
     beside = (result.clock == "virtual" and said.get("overlap") == "host and device") or (
         DEVICE_TIMED.items() <= said.items()
     )
-    step_total = sum(
-        v for p, v in phase_total.items() if not (beside and p in ("forward", "sample"))
+    step_total = sum(  # a swap's copies are the device's too (before the forward)
+        v for p, v in phase_total.items() if not (beside and p in ("forward", "sample", "swap"))
     )
     slots = counters.token_slots
     summary: dict[str, Any] = {
@@ -129,6 +129,12 @@ def summarize(result: RunResult) -> dict[str, Any]:
         else 0.0,
         "preemptions": counters.preemptions,
         "recomputed_tokens": counters.recomputed_tokens,
+        # preemption by swap to the host KV tier (engine.host_kv_memory_mb)
+        "swapped_out_blocks": counters.swapped_out_blocks,
+        "swapped_in_blocks": counters.swapped_in_blocks,
+        "swapped_out_bytes": counters.swapped_out_bytes,
+        "swapped_in_bytes": counters.swapped_in_bytes,
+        "swap_fallbacks": counters.swap_fallbacks,
         "peak_blocks": result.peak_blocks,
         "num_blocks": result.num_blocks,
         "transfers": counters.transfers,
@@ -163,6 +169,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
         # The device's seconds: the forward and the sampling (on a GPU, simulated or timed by
         # its events, what it is busy with beside the host; on a CPU, their host time).
         "busy_s": phase_total["forward"] + phase_total["sample"],
+        # KV blocks copied between the device and the host tier (preemption by swap)
+        "swap_s": phase_total["swap"],
     }
     summary.update(kv_shares(counters))  # the KV pool's time-averaged shares
     for p in PHASES:  # (with the device beside the host, forward's share is its busy share)

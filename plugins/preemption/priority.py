@@ -13,16 +13,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.api import EngineView, PolicyConfig, Preemption, Sequence, hookimpl
+from framework.api import (
+    EngineView,
+    PolicyConfig,
+    Preemption,
+    Sequence,
+    check_mode,
+    choose_mode,
+    hookimpl,
+)
 
 
 @dataclass
 class PriorityPreemptionConfig(PolicyConfig):
-    pass
+    # recompute | swap | cheaper: how the victim gives its blocks back (`choose_mode`)
+    mode: str = "recompute"
 
 
 class PriorityPreemption(Preemption):
     """Frees the least urgent running request (newest among equals) when the pool is dry."""
+
+    def __init__(self, cfg: PriorityPreemptionConfig) -> None:
+        super().__init__(cfg)
+        self.setting = check_mode(cfg.mode)
+
+    def mode(self, view: EngineView, victim: Sequence) -> str:
+        return choose_mode(self.setting, view, victim)
 
     def victims(self, view: EngineView, blocks_short: int) -> list[Sequence]:
         candidates = [s for s in view.running if not s.finished]

@@ -1,11 +1,22 @@
-"""Preemption by recompute: the victim's blocks go back to the pool and it rejoins the head
-of the waiting queue; when readmitted, prompt plus generated tokens are prefilled again."""
+"""Preemption by victim order: the victim's blocks go back to the pool and it rejoins the head
+of the waiting queue. By recompute (the default), prompt plus generated tokens are prefilled
+again when it is readmitted; by swap (`preemption.mode=swap`, with a host tier:
+`engine.host_kv_memory_mb`), its KV is copied to host memory and back; `cheaper` picks per
+victim by the engine's predicted cost of each."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.api import EngineView, PolicyConfig, Preemption, Sequence, hookimpl
+from framework.api import (
+    EngineView,
+    PolicyConfig,
+    Preemption,
+    Sequence,
+    check_mode,
+    choose_mode,
+    hookimpl,
+)
 
 VICTIMS = ("newest", "oldest", "most_blocks")
 
@@ -15,6 +26,8 @@ class RecomputeConfig(PolicyConfig):
     # newest: the most recently admitted goes first (vLLM's choice: it has the least work
     # to redo, and the oldest request always progresses, so nothing livelocks).
     victim: str = "newest"
+    # recompute | swap | cheaper: how the victim gives its blocks back (`choose_mode`)
+    mode: str = "recompute"
 
 
 class RecomputePreemption(Preemption):
@@ -27,6 +40,10 @@ class RecomputePreemption(Preemption):
                 f"preemption.victim must be one of {', '.join(VICTIMS)}; got {cfg.victim!r}"
             )
         self.victim = cfg.victim
+        self.setting = check_mode(cfg.mode)
+
+    def mode(self, view: EngineView, victim: Sequence) -> str:
+        return choose_mode(self.setting, view, victim)
 
     def victims(self, view: EngineView, blocks_short: int) -> list[Sequence]:
         candidates = [s for s in view.running if not s.finished]

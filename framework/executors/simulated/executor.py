@@ -9,9 +9,12 @@ from collections.abc import Callable
 
 from framework.engine.batch import StepBatch
 from framework.engine.executor import ExecResult
+from framework.engine.view_factory import make_frozen
+from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import CostModel
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.software import SoftwareClock
+from framework.executors.simulated.swap_cost import SwapCost
 from framework.executors.simulated.tokens import TokenStreams
 
 
@@ -30,6 +33,7 @@ class SimulatedExecutor:
         readback_s: float = 0.0,
         overlap: bool = False,
         software: SoftwareClock | None = None,
+        swap: SwapCost | None = None,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -63,6 +67,8 @@ class SimulatedExecutor:
         # seconds of each step that its kernels do not show, priced from the step's shape
         # and its device seconds (`framework.executors.simulated.software`).
         self.software = software
+        # What a swap's block copies cost over the host link (None: no host tier).
+        self.swap = swap
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
@@ -81,7 +87,33 @@ class SimulatedExecutor:
             out["software"] = self.software.profile.name
             out["software_is"] = self.software.profile.describe()
             out["api_server"] = "in the engine's process" if self.software.api_server else "none"
+        if self.swap is not None:
+            out["host_link"] = self.swap.describe()
         return out
+
+    def swap_seconds(self, blocks: int) -> float:
+        """Predicted seconds to copy `blocks` KV blocks one way over the host link."""
+        return self.swap.seconds(blocks) if self.swap is not None else 0.0
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Predicted forward seconds of `tokens` prefilled again, as one row."""
+        if tokens <= 0:
+            return 0.0
+        one = make_frozen(
+            StepFeatures,
+            rows=1,
+            num_tokens=tokens,
+            linear_tokens=rows_bucket(tokens),
+            prefill_rows=1,
+            prefill_tokens=tokens,
+            prefill_attn=tokens * tokens,
+            decode_rows=0,
+            decode_ctx=0,
+            random_rows=0,
+            decode_max_ctx=0,
+        )
+        cost = self.cost.predict(one)
+        return (cost.forward_s - cost.compute_s) / self.speed + cost.compute_s / self.compute_speed
 
     def execute(self, batch: StepBatch) -> ExecResult:
         features = StepFeatures.of(batch, self.window)
@@ -102,4 +134,13 @@ class SimulatedExecutor:
             sample_s=sample_s,
             prepare_s=self.prepare(features) / self.speed if self.prepare else 0.0,
             host_s=host_s,
+            swap_s=self._swap_s(batch),
         )
+
+    def _swap_s(self, batch: StepBatch) -> float:
+        swaps = batch.swaps
+        if not swaps:
+            return 0.0
+        if self.swap is None:
+            raise RuntimeError("a step asks for KV swaps of a simulator with no host link")
+        return self.swap.seconds(len(swaps.out)) + self.swap.seconds(len(swaps.into))

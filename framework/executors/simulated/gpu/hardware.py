@@ -60,6 +60,9 @@ class HardwareSpec:
     # node the GPU is sold in (an SXM part's NVSwitch node, a PCIe card's bridged pair).
     default_interconnect: str | None = None
     memory_capacity: float | None = None  # bytes; informational
+    # The GPU's link to its host's memory (a host link of links.yaml): what a swap of KV
+    # blocks to the host tier takes (`engine.host_kv_memory_mb`). None: not stated.
+    host_link: str | None = None
     sources: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = ()
 
@@ -117,6 +120,7 @@ class HardwareSpec:
             links=parse_links(data.get("links"), f"{where}.links"),
             default_interconnect=default,
             memory_capacity=(None if capacity is None else number(data, "memory_capacity", where)),
+            host_link=None if data.get("host_link") is None else str(data["host_link"]),
             sources=tuple(str(s) for s in data.get("sources") or ()),
             assumptions=tuple(str(s) for s in data.get("assumptions") or ()),
         )
@@ -141,6 +145,8 @@ class HardwareSpec:
             out["default_interconnect"] = self.default_interconnect
         if self.memory_capacity is not None:
             out["memory_capacity"] = self.memory_capacity
+        if self.host_link is not None:
+            out["host_link"] = self.host_link
         out["sources"] = list(self.sources)
         out["assumptions"] = list(self.assumptions)
         return out
