@@ -196,7 +196,7 @@ def test_help_teaches_the_commands_and_lists_only_real_choices() -> None:
     assert {"basic", "parallel", "slurm", "ray_cluster"} <= set(groups["hydra/launcher"])
     # each choice has its one-line description, from the policy's docstring or the YAML
     assert groups["scheduler"]["static"].startswith("Static batching")
-    assert groups["preemption"]["recompute"].endswith("Options: victim=newest.")
+    assert groups["preemption"]["recompute"].endswith("Options: victim=newest mode=recompute.")
     assert groups["model"]["tiny"].startswith("A tiny randomly initialised Llama")
     assert all(desc for choices in groups.values() for desc in choices.values())
 

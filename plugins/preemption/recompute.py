@@ -31,7 +31,7 @@ class RecomputeConfig(PolicyConfig):
 
 
 class RecomputePreemption(Preemption):
-    """Frees a victim's blocks and requeues it for a new prefill (victim: newest, oldest, ...)."""
+    """Frees a victim's blocks and requeues it: prefilled again, or its KV swapped (mode)."""
 
     def __init__(self, cfg: RecomputeConfig) -> None:
         super().__init__(cfg)
