@@ -641,11 +641,14 @@ def test_the_contract_types_live_in_core_and_the_api_names_them() -> None:
 
 
 def test_routers_receive_views_never_an_engine() -> None:
-    """A router's `ClusterView` holds `ReplicaView`s (or `ReplicaState`s): what a router may
-    read is the contract's `Replica`, and the view keeps the replica it reads private."""
+    """A router's `ClusterView` holds plain-data snapshots (`ReplicaState`), taken by the
+    cluster through a `ReplicaView` (whose replica stays private) or by a Ray replica: what a
+    router may read is the contract's `Replica`, never an engine's state."""
     from framework.api.router import ReplicaView
 
     assert ReplicaView.__slots__ == ("_engine", "index")
+    for path in (ROOT / "framework" / "cluster").glob("*.py"):  # every view a snapshot
+        assert "ClusterView(" not in path.read_text(encoding="utf-8"), path.name
     tree = ast.parse((ROOT / "framework/api/router.py").read_text(encoding="utf-8"))
     named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(m.startswith("framework.engine") for m in named), named

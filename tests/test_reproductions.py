@@ -154,3 +154,34 @@ def test_quick_sglang_offline_sets_both_engines_beside_their_published_runs(
     assert "executor.software=sglang-0.3" in runs["70b SGLang 0.3.0"]["overrides"]
     assert "scheduler.decode_steps=10" in runs["8b vLLM 0.6.0"]["overrides"]
     assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)
+
+
+def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
+    tmp_path: Path,
+) -> None:
+    """Fig. 19: the microbenchmark's swap falls with the block size while the recompute stays
+    flat, the crossover is where the curves cross, and end to end each block size runs once
+    by swap and once by recompute, the swaps computing nothing twice."""
+    from framework.studies.reproductions import vllm_preemption as vp
+
+    argv = ["vllm_preemption", "--quick", "--workers", "1", "--out", str(tmp_path)]
+    assert command.reproduce([*argv, f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    data = json.loads((tmp_path / "reproduction.json").read_text())
+    micro = {int(k): v for k, v in data["data"]["microbenchmark_ms"].items()}
+    swaps = [micro[bs]["swap in + out"] for bs in vp.SIZES]
+    assert swaps == sorted(swaps, reverse=True)  # fewer, larger copies as blocks grow
+    assert len({round(m["recompute"], 9) for m in micro.values()}) == 1  # no blocks in it
+    cells = {c["name"]: c for c in data["cells"]}
+    curve = {bs: (m["swap in + out"], m["recompute"]) for bs, m in micro.items()}
+    cross = vp.crossover(curve)
+    assert cells["(a) crossover block size"]["simulated"] == cross
+    assert cross is not None and curve[cross][0] <= curve[cross][1]
+    smaller = [bs for bs in vp.SIZES if bs < cross]
+    assert all(curve[bs][0] > curve[bs][1] for bs in smaller[-1:])
+    runs = {j["name"]: j["metrics"] for j in data["jobs"]}
+    for bs in vp.QUICK.sizes:
+        swap, recompute = runs[f"swap {bs}"], runs[f"recompute {bs}"]
+        assert swap["swapped_out_blocks"] == swap["swapped_in_blocks"] > 0
+        assert swap["recomputed_tokens"] == 0 and recompute["swapped_out_blocks"] == 0
+        assert recompute["preemptions"] > 0 and recompute["recomputed_tokens"] > 0
+    assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)

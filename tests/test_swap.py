@@ -136,10 +136,10 @@ def test_cheaper_swaps_only_when_the_copies_cost_less_and_fit() -> None:
 
 def test_the_simulated_swap_cost_falls_with_the_block_size_and_cheaper_follows(tiny: Any) -> None:
     """vLLM copies block by block: at block size 1 a swap is thousands of small copies."""
-    from framework.executors.simulated.links import shipped_links
+    from framework.executors.simulated.links import host_links
     from framework.executors.simulated.swap_cost import SwapCost
 
-    link = shipped_links()["pcie4_host"]
+    link = host_links()["pcie4_host"]
     per_token = 2 * 40 * 5120 * 2  # OPT-13B's K and V of one token, fp16
     costs = [SwapCost(link, 2 * 40, bs * per_token).seconds(256 // bs) for bs in (1, 16, 256)]
     assert costs[0] > costs[1] > costs[2]

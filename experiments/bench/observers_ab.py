@@ -4,15 +4,16 @@ whole `python run.py` processes in alternating rounds, as ratios of makespan and
     python -m experiments.ab --observers                       # SmolLM2, the store kept
     python -m experiments.ab --observers --fresh-store         # a new store every B run
     python -m experiments.ab --observers dtype=bfloat16 --rounds 7
-    python -m experiments.ab --observers --quick               # tiny model, seconds
+    python -m experiments.ab --observers --quick               # tiny model, no untimed pair
 
 A run's observers (the MLflow run, the plots, the progress bar) live in the run's own process
 and may start helpers beside it, so only whole processes show what they cost: each run here
 is one `python run.py`, as a user starts it. A serves with `observers=[console]`, B with the
 config's default observers. Both serve the same queue: the shipped chat prompts through the
 chat template, cycled to `--requests` (48), all queued at t=0, each generating exactly 48
-tokens (EOS ignored). After one untimed run of each (the model's cache and the store made),
-the rounds alternate which goes first (A B, B A, ...). Each round gives B/A of the makespan
+tokens (EOS ignored). After one untimed run of each (the model's cache and the store made;
+`--quick` skips them, and its first round's runs stand in for them), the rounds alternate
+which goes first (A B, B A, ...). Each round gives B/A of the makespan
 and of the TTFT p50, both taken from the run's own `metrics.json`; their medians and range are
 the result, with each run's start-up (`startup_*_s`) and whole process wall time beside them.
 Both settings' tokens must be identical before any time is reported.
@@ -115,10 +116,12 @@ def pinned_choices(metrics: dict[str, Any]) -> list[str]:
 
 
 def compare(
-    out: Path, shared: list[str], rounds: int, fresh_store: bool, pin: bool
+    out: Path, shared: list[str], rounds: int, fresh_store: bool, pin: bool, warm_up: bool = True
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Rows of the timed runs, after the untimed pair and the token check; and the kernel
-    choices every run after the first was given (`pin`: the first run's, else none)."""
+    choices every run after the first was given (`pin`: the first run's, else none).
+    Without `warm_up` (`--quick`) there is no untimed pair: the first round's runs are the
+    ones the kernels are pinned from and the tokens are checked against."""
     kept_store = f"mlflow.tracking_uri=sqlite:///{out / 'store' / 'mlflow.db'}"
 
     def overrides(setting: str, tag: str) -> list[str]:
@@ -127,17 +130,30 @@ def compare(
         store = f"sqlite:///{out / 'stores' / tag / 'mlflow.db'}" if fresh_store else None
         return [*shared, f"mlflow.tracking_uri={store}" if store else kept_store]
 
-    warm = {"A": serve_once(out, "warm-A", overrides("A", "warm-A"))}
-    pinned = warm["A"]["kernels"] if pin else []
-    shared = [*shared, *pinned]  # `overrides` reads `shared` when called: every later run
-    warm["B"] = serve_once(out, "warm-B", overrides("B", "warm-B"))
-    if warm["A"]["tokens"] != warm["B"]["tokens"]:
-        raise ValueError("A and B produced different tokens, so no time is compared")
+    warm: dict[str, dict[str, Any]] = {}
+    pinned: list[str] = []
+
+    def first(k: str, got: dict[str, Any]) -> None:
+        """A setting's first run: A's kernels are pinned for every later run, and the two
+        settings' tokens must agree."""
+        nonlocal shared, pinned
+        warm[k] = got
+        if k == "A" and pin:
+            pinned = got["kernels"]
+            shared = [*shared, *pinned]  # `overrides` reads `shared` when called
+        if len(warm) == 2 and warm["A"]["tokens"] != warm["B"]["tokens"]:
+            raise ValueError("A and B produced different tokens, so no time is compared")
+
+    if warm_up:
+        for k in ("A", "B"):
+            first(k, serve_once(out, f"warm-{k}", overrides(k, f"warm-{k}")))
     rows = []
     for r in range(1, rounds + 1):
         for k in ("A", "B") if r % 2 else ("B", "A"):
             tag = f"r{r}-{k}"
             got = serve_once(out, tag, overrides(k, tag))
+            if k not in warm:
+                first(k, dict(got))
             if got.pop("tokens") != warm[k]["tokens"]:
                 raise ValueError(f"round {r}: {k}'s tokens changed from its first run")
             got["kernels"] = " ".join(c.split("=", 1)[1] for c in got["kernels"])
@@ -213,7 +229,9 @@ def main(args: argparse.Namespace, shared: list[str], command: str) -> Path:
     queue = chat_queue_file(out / "chat_queue.jsonl", args.requests, 48)
     shared = [*shared, "workload=jsonl", f"workload.path={queue}", "workload.chat=true"]
     cfg = compose_cfg(shared)
-    rows, pinned = compare(out, shared, args.rounds, args.fresh_store, not args.unpinned)
+    rows, pinned = compare(
+        out, shared, args.rounds, args.fresh_store, not args.unpinned, warm_up=not args.quick
+    )
     header = {
         "command": f"`{command}`",
         "CPU": f"{cpu_model()} ({os.cpu_count()} cores; {isa_summary()})",

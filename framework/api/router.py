@@ -91,8 +91,8 @@ class Replicated(Protocol):
 
 
 class ReplicaView:
-    """One replica as it stands when a request arrives: read-only. Every figure is computed
-    when asked (a router that reads only `waiting` and `running` costs no more than that)."""
+    """How the cluster reads one replica in this process, read-only, to take the snapshot a
+    router is given (`snapshot`): every figure computed when asked."""
 
     __slots__ = ("_engine", "index")
 
@@ -168,7 +168,7 @@ class ReplicaView:
 @dataclass(frozen=True)
 class ReplicaState:
     """The same figures as `ReplicaView`, taken at one moment for one request: what a router
-    reads of a replica in another process (`cluster.backend=ray`)."""
+    reads of every replica, in this process (`snapshot`) or another (`cluster.backend=ray`)."""
 
     index: int
     waiting: int
@@ -218,3 +218,9 @@ class Router(ABC):
     @abstractmethod
     def route(self, view: ClusterView, request: RequestSpec) -> int:
         """The index (0..len(view) - 1) of the replica that serves `request`."""
+
+
+def snapshot(now: float, views: Seq[ReplicaView], request: RequestSpec) -> ClusterView:
+    """The cluster as a router reads it when `request` arrives: each replica's figures
+    taken now, as plain data (`ReplicaState`), whether it runs in this process or not."""
+    return ClusterView(now=now, replicas=tuple(ReplicaState.of(v, request) for v in views))

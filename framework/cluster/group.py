@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.api.policy import PolicyError
-from framework.api.router import ClusterView, ReplicaView, Router
+from framework.api.router import ClusterView, ReplicaView, Router, snapshot
 from framework.cluster.failover import FaultSchedule
 from framework.cluster.handoffs import Disaggregation
 from framework.cluster.link import TransferRecord
@@ -202,7 +202,7 @@ class Cluster:
         if not self.views:
             self.faults.orphans.append(item)  # type: ignore[union-attr]
             return None
-        view = ClusterView(now=at, replicas=self.views)
+        view = snapshot(at, self.views, item.spec)
         chosen = route(self.router, view, item.spec, {}, self.name, self.provider)
         replica = self.prefill_ids[chosen]
         engine = self.engines[replica]
@@ -236,7 +236,7 @@ class Cluster:
         if not self.views:  # every replica is down: it waits for the first back
             self.faults.orphans.append(spec)  # type: ignore[union-attr]
             return None
-        view = ClusterView(now=spec.arrival if at is None else at, replicas=self.views)
+        view = snapshot(spec.arrival if at is None else at, self.views, spec)
         scope = (
             "the cluster has replicas"
             if len(self.views) == len(self.engines)

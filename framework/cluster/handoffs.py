@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from framework.api.policy import PolicyError
-from framework.api.router import ClusterView, ReplicaView, Router
+from framework.api.router import ClusterView, ReplicaView, Router, snapshot
 from framework.cluster.link import Link, Overlap, Transfer, TransferRecord
 from framework.cluster.replica_handoffs import HandOff, ReplicaHandOffs
 from framework.core.sequence import Sequence, Status
@@ -113,7 +113,7 @@ class Disaggregation:
         while self.unreserved:
             src, h, since = self.unreserved[0]
             start = h.at if since == fresh else max(now, h.at)
-            view = ClusterView(now=start, replicas=self.views)
+            view = snapshot(start, self.views, h.seq.spec)
             dst = self.decoders[self._choose(view, h.seq)]
             copy = self.books[dst].reserve(h.seq)
             if copy is None:  # it waits at its prefill replica, its blocks held there

@@ -29,7 +29,7 @@ from framework.executors.simulated.cost import (
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.gpu.hardware import HardwareSpec, load_hardware_spec
 from framework.executors.simulated.gpu.model_shape import ModelShape as AnalyticShape
-from framework.executors.simulated.links import LinkSpec, shipped_links
+from framework.executors.simulated.links import LinkSpec, host_links
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.software import IDEAL, SoftwareClock, SoftwareProfile
 from framework.executors.simulated.swap_cost import SwapCost
@@ -264,7 +264,7 @@ def host_link(cfg: DictConfig, cost: CostModel) -> LinkSpec:
     if name is None:
         hardware = getattr(cost, "hardware", None)
         name = getattr(hardware, "host_link", None) or "host_memory"
-    links = shipped_links()
+    links = host_links()
     if name not in links:
         raise ValueError(f"executor.host_link must be one of {', '.join(links)}; got {name!r}")
     return links[name]

@@ -23,11 +23,17 @@ class LinkSpec:
     bandwidth: float
     latency: float
     sources: tuple[str, ...]
+    host: bool = False  # a GPU's link to its host's memory (a swap's copies), not between GPUs
 
 
 def shipped_links() -> dict[str, LinkSpec]:
-    """Every link of `links.yaml`, by its name."""
-    return dict(_read_links())
+    """Every link between GPUs of `links.yaml`, by its name."""
+    return {k: v for k, v in _read_links().items() if not v.host}
+
+
+def host_links() -> dict[str, LinkSpec]:
+    """Every host link of `links.yaml` (`host: true`), by its name."""
+    return {k: v for k, v in _read_links().items() if v.host}
 
 
 @functools.cache
@@ -41,6 +47,7 @@ def _read_links() -> dict[str, LinkSpec]:
             float(entry["gbyte_s"]) * 1e9,
             float(entry["latency_us"]) / 1e6,
             tuple(entry.get("sources") or ()),
+            bool(entry.get("host", False)),
         )
         for key, entry in raw.items()
     }

@@ -42,6 +42,13 @@ REPRODUCTIONS: dict[str, Entry] = {
             "framework.studies.reproductions.vllm_batching",
         ),
         Entry(
+            "vllm_preemption",
+            "vLLM / PagedAttention (SOSP 2023, Kwon et al.)",
+            "Fig. 19 (swapping against recomputation across block sizes: the microbenchmark "
+            "and end to end)",
+            "framework.studies.reproductions.vllm_preemption",
+        ),
+        Entry(
             "sarathi_capacity",
             "Sarathi-Serve (OSDI 2024, Agrawal et al.)",
             "Fig. 10 / artifact figure-5-6 (capacity of Mistral-7B under strict and relaxed "
