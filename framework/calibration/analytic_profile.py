@@ -48,17 +48,7 @@ def decode_step(batch: int, ctx: int = DECODE_CTX) -> StepFeatures:
 
 def prefill_step(tokens: int = PREFILL_TOKENS) -> StepFeatures:
     """One fresh prompt of `tokens` tokens, prefilled whole (it samples its first token)."""
-    return StepFeatures(
-        rows=1,
-        num_tokens=tokens,
-        linear_tokens=tokens,
-        prefill_rows=1,
-        prefill_tokens=tokens,
-        prefill_attn=tokens * tokens,
-        decode_rows=0,
-        decode_ctx=0,
-        random_rows=0,
-    )
+    return StepFeatures.prompt(tokens, linear_tokens=tokens)
 
 
 def summary(profile: AnalyticProfile) -> list[dict[str, Any]]:

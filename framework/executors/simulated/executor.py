@@ -9,8 +9,6 @@ from collections.abc import Callable
 
 from framework.engine.batch import StepBatch
 from framework.engine.executor import ExecResult
-from framework.engine.view_factory import make_frozen
-from framework.executors.packed_linear import rows_bucket
 from framework.executors.simulated.cost import CostModel
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.software import SoftwareClock
@@ -99,19 +97,7 @@ class SimulatedExecutor:
         """Predicted forward seconds of `tokens` prefilled again, as one row."""
         if tokens <= 0:
             return 0.0
-        one = make_frozen(
-            StepFeatures,
-            rows=1,
-            num_tokens=tokens,
-            linear_tokens=rows_bucket(tokens),
-            prefill_rows=1,
-            prefill_tokens=tokens,
-            prefill_attn=tokens * tokens,
-            decode_rows=0,
-            decode_ctx=0,
-            random_rows=0,
-            decode_max_ctx=0,
-        )
+        one = StepFeatures.prompt(tokens)
         cost = self.cost.predict(one)
         return (cost.forward_s - cost.compute_s) / self.speed + cost.compute_s / self.compute_speed
 

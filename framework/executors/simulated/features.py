@@ -54,6 +54,25 @@ class StepFeatures:
     decode_max_ctx: int = 0
 
     @classmethod
+    def prompt(cls, tokens: int, linear_tokens: int | None = None) -> StepFeatures:
+        """One fresh prompt of `tokens` tokens prefilled whole, as one row (a recompute's
+        price); `linear_tokens`: the Linear layers' rows (None: as the packed CPU path pads
+        them)."""
+        return make_frozen(
+            cls,
+            rows=1,
+            num_tokens=tokens,
+            linear_tokens=rows_bucket(tokens) if linear_tokens is None else linear_tokens,
+            prefill_rows=1,
+            prefill_tokens=tokens,
+            prefill_attn=tokens * tokens,
+            decode_rows=0,
+            decode_ctx=0,
+            random_rows=0,
+            decode_max_ctx=0,
+        )
+
+    @classmethod
     def of(cls, batch: StepBatch, window: int | None = None) -> StepFeatures:
         """The step's features; `window`: the keys a query attends at most (a sliding
         window), which bounds what each row's attention reads (module docstring)."""
