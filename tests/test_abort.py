@@ -47,7 +47,7 @@ def test_abort_in_every_state_closes_the_books(tiny, allocator: str, output: lis
     engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
     engine.prepare()
     engine.clock.start()
-    seqs = [engine.submit(s, tok.eos_token_id) for s in specs(5)]
+    seqs = [engine.submit(s, tok.eos_token_id)[0] for s in specs(5)]
     engine.advance()  # r0, r1 run; r2..r4 wait
     engine.advance()
     engine.advance()
@@ -58,7 +58,7 @@ def test_abort_in_every_state_closes_the_books(tiny, allocator: str, output: lis
     engine.abort(seqs[2])  # waiting: ends at once
     engine.abort(seqs[3], STOP_STRING)
     assert seqs[2].status is Status.RELEASED and seqs[2].finish_reason == ABORTED
-    late = engine.submit(RequestSpec("late", [1, 2, 3], SamplingParams(max_tokens=4)), None)
+    (late,) = engine.submit(RequestSpec("late", [1, 2, 3], SamplingParams(max_tokens=4)), None)
     engine.abort(late)  # pending: it never joins the queue
     assert engine.pool.num_used > 0
     engine.advance()
@@ -82,6 +82,6 @@ def test_abort_reason_must_be_an_outside_one(tiny) -> None:
     model, tok = tiny
     cfg = make_cfg("model=tiny")
     engine = build_engine(cfg, model, torch.device("cpu"), torch.float32, registry().pm.hook)
-    seq = engine.submit(specs(1)[0], tok.eos_token_id)
+    (seq,) = engine.submit(specs(1)[0], tok.eos_token_id)
     with pytest.raises(ValueError, match="abort reason"):
         engine.abort(seq, "length")

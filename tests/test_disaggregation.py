@@ -478,6 +478,6 @@ def test_only_replicas_with_roles_keep_hand_off_books(shape: tuple[Any, Any]) ->
     with pytest.raises(InvariantError, match="one keeper"):
         ReplicaHandOffs(roles.engines[0])
     engine = plain.engines[0]
-    engine.held.handed.append((engine.submit(spec(0, [1, 2, 3], 2), None), 0.0))
+    engine.held.handed.append((engine.submit(spec(0, [1, 2, 3], 2), None)[0], 0.0))
     with pytest.raises(InvariantError, match="parks nothing"):
         engine.planner.hand_off()

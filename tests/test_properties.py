@@ -1,8 +1,9 @@
 """Properties of every run, on random workloads under random policies, pools and windows.
 
 For each example: a workload (prompt lengths, budgets, arrivals, stop tokens, greedy or
-seeded sampling, priorities), a policy combination (every scheduler x allocator x preemption
-x output, windows 0..16), a block size and a pool that fits the largest request. Then:
+seeded sampling, priorities, samples per request, forked over their prompt), a policy
+combination (every scheduler x allocator x preemption x output, windows 0..16), a block size
+and a pool that fits the largest request. Then:
 - every request finishes (no livelock: the run ends within a step bound) with exactly the
   tokens of the reference, static + worst_case + immediate on a big pool;
 - it is owed exactly those: `length` means max_tokens tokens, `stop` ends at the first stop;
@@ -12,7 +13,8 @@ x output, windows 0..16), a block size and a pool that fits the largest request.
   before the row can be preempted again), the progress guarantee.
 
 Stop tokens are drawn from the reference continuation, so they really fire. Seeded sampling
-draws token i of a request from (seed, i) alone, so it too is policy independent.
+draws token i of a request from (seed, i) alone, so it too is policy independent; a
+request's samples are each the request alone with its sample's seed.
 
 `pytest tests/test_properties.py` runs the reproducible default profile (tests/conftest.py);
 `--hypothesis-profile=long` runs many more fresh examples.
@@ -30,6 +32,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sample_group import sample_specs
 from framework.engine.loop import RunResult
 from framework.run.app import build_engine
 from framework.run.summary import summarize
@@ -97,6 +100,7 @@ class Shape:
     ignore_eos: bool
     wants_stop: bool
     priority: int
+    n: int  # samples of the prompt (parallel sampling, forked over its blocks)
 
     def spec(self, rid: str, stop: tuple[int, ...] = (), arrival: float | None = None):  # type: ignore[no-untyped-def]
         temperature, top_k, top_p = self.sampling
@@ -111,6 +115,7 @@ class Shape:
                 max_tokens=self.max_tokens,
                 ignore_eos=self.ignore_eos,
                 stop_token_ids=stop,
+                n=self.n,
             ),
             arrival=self.arrival if arrival is None else arrival,
             priority=self.priority,
@@ -135,6 +140,7 @@ def shapes(vocab: int) -> st.SearchStrategy[Shape]:
         ignore_eos=st.booleans(),
         wants_stop=st.booleans(),
         priority=st.integers(0, 2),
+        n=st.sampled_from([1, 1, 1, 2, 3]),
     )
 
 
@@ -224,7 +230,10 @@ def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> N
     workload = data.draw(st.lists(shapes(len(tok)), min_size=size, max_size=size), label="workload")
 
     # The reference continuation, without stop tokens (arrivals do not change tokens).
-    base_specs = [w.spec(f"r{i}", arrival=0.0) for i, w in enumerate(workload)]
+    # A request's samples are each the request alone with its sample's seed.
+    base_specs = [
+        s for i, w in enumerate(workload) for s in sample_specs(w.spec(f"r{i}", arrival=0.0))
+    ]
     big = max(len(s.prompt_token_ids) + s.sampling.max_tokens for s in base_specs)
     ref_over = (*REFERENCE, "engine.block_size=16", f"engine.num_blocks={len(base_specs) * big}")
     base = {s.id: s.output_token_ids for s in serve(tiny, ref_over, base_specs, 10**6).seqs}
@@ -233,22 +242,25 @@ def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> N
     for i, w in enumerate(workload):
         rid = f"r{i}"
         stop: tuple[int, ...] = ()
+        first = sample_specs(w.spec(rid))[0].id
         if w.wants_stop:
-            stop = (base[rid][data.draw(st.integers(0, len(base[rid]) - 1), label="stop at")],)
+            stop = (base[first][data.draw(st.integers(0, len(base[first]) - 1), label="stop at")],)
         spec = w.spec(rid, stop)
         specs.append(spec)
         eos = {tok.eos_token_id} if not w.ignore_eos else set()
-        expected[rid] = cut_at_stop(base[rid], set(stop) | eos)
+        for sample in sample_specs(spec):
+            expected[sample.id] = cut_at_stop(base[sample.id], set(stop) | eos)
 
     combo = data.draw(policies(schedulers), label="policies")
     chunked = "scheduler=chunked" in combo
     sizes = [len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs]
     limits = data.draw(engines(sizes, chunked), label="engine")
     note(f"python run.py model=tiny {' '.join(combo + limits)}")
-    res = serve(tiny, combo + limits, specs, step_bound(specs, chunked))  # end check inside
+    samples = [x for spec in specs for x in sample_specs(spec)]
+    res = serve(tiny, combo + limits, specs, step_bound(samples, chunked))  # end check inside
 
     s = summarize(res)
-    assert s["requests_finished"] == len(specs) and s["requests_rejected"] == 0
+    assert s["requests_finished"] == len(samples) and s["requests_rejected"] == 0
     assert s["deferred_tokens"] == s["tokens_kept"] + s["overshoot_tokens"]
     assert all(st_.held_steps <= st_.window for st_ in res.steps)
     if chunked:  # every prefill token counted once per (re)computation, in its chunks

@@ -185,3 +185,25 @@ def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
         assert swap["recomputed_tokens"] == 0 and recompute["swapped_out_blocks"] == 0
         assert recompute["preemptions"] > 0 and recompute["recomputed_tokens"] > 0
     assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)
+
+
+def test_quick_vllm_sharing_forks_samples_and_reports_beam_search_missed(tmp_path: Path) -> None:
+    """Figs. 14-15: every run forks its samples and saves memory, more with more samples;
+    vLLM and Orca (Oracle) are searched at each n; beam search's cells have no value."""
+    from framework.studies.reproductions import vllm_sharing as vs
+
+    argv = ["vllm_sharing", "--quick", "--workers", "1", "--out", str(tmp_path)]
+    assert command.reproduce([*argv, f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    data = json.loads((tmp_path / "reproduction.json").read_text())
+    runs = {j["name"]: j["metrics"] for j in data["jobs"]}
+    saving = [runs[f"alpaca n={n}"]["kv_sharing_saving"] for n in vs.SAMPLES]
+    assert 0 < saving[0] < saving[-1] < 1
+    for name, m in runs.items():
+        if not name.startswith("capacity Orca"):
+            assert m["forks"] > 0 and m["forked_blocks"] > 0, name
+        else:  # extents share nothing
+            assert m["forks"] == 0 and m["kv_sharing_saving"] == 0, name
+    cells = {c["name"]: c for c in data["cells"]}
+    assert cells["Alpaca, beam search, width 6: memory saving"]["simulated"] is None
+    assert set(data["data"]["capacity"]) == {"vLLM", "Orca (Oracle)"}
+    assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)

@@ -30,7 +30,7 @@ from framework.core.sequence import Sequence  # noqa: E402
 from framework.plugin_host.registry import registry  # noqa: E402
 from framework.run.app import RunInfo  # noqa: E402
 from framework.serve.server import Running, serve_http  # noqa: E402
-from tests.helpers import make_cfg, run_engine  # noqa: E402
+from tests.helpers import hf_greedy, make_cfg, run_engine  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -355,7 +355,8 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, "max_tokens", ""),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens", ""),
     ("/v1/completions", {"max_tokens": 3}, "prompt", "'prompt' is required"),
-    ("/v1/completions", {"prompt": "Hi", "n": 2}, "n", "only n=1"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3}, "best_of", "best_of=3 with n=2"),
+    ("/v1/completions", {"prompt": "Hi", "n": 17}, "n", "n=17 samples cannot run side by side"),
     ("/v1/completions", {"prompt": ""}, "prompt", "empty"),
     ("/v1/completions", {"prompt": [10, 99999999]}, "prompt", "outside the vocabulary"),
     ("/v1/completions", [1, 2], None, ""),
@@ -510,3 +511,55 @@ def test_run_info_is_returned(tiny, tmp_path) -> None:
     assert s.info["run"].summary["requests"] == 1
     for name in ("metrics.json", "requests.csv", "steps.csv", "outputs.jsonl", "config.yaml"):
         assert (tmp_path / name).is_file()
+
+
+def test_n_choices_whole_and_streamed_with_their_indices(tiny, tmp_path) -> None:
+    """`n` (and `best_of` equal to it): n choices over one prompt's blocks, each the answer
+    of its sample; greedy, n copies of one answer; streamed, each chunk names its choice."""
+    model, tok = tiny
+    ids = tok.encode(PROMPTS[2], add_special_tokens=False)
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        client = s.client()
+        whole = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=6, temperature=0, n=3, best_of=3,
+            extra_body=EOS,
+        )  # fmt: skip
+        want = tok.decode(hf_greedy(model, ids, 6, None))
+        assert [c.index for c in whole.choices] == [0, 1, 2]
+        assert [c.text for c in whole.choices] == [want] * 3
+        assert whole.usage.completion_tokens == 18 and whole.usage.prompt_tokens == len(ids)
+        assert [len(s.seq(f"{whole.id}#{k}").output_token_ids) for k in range(3)] == [6] * 3
+
+        sampled = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=8, temperature=1.0, seed=3, n=2, extra_body=EOS
+        )
+        texts = [c.text for c in sampled.choices]
+        assert texts[0] != texts[1]
+        chunks = list(
+            client.completions.create(
+                model="tiny", prompt=ids, max_tokens=8, temperature=1.0, seed=3, n=2,
+                extra_body=EOS, stream=True, stream_options={"include_usage": True},
+            )
+        )  # fmt: skip
+        streamed = ["", ""]
+        for c in chunks:
+            for choice in c.choices:
+                streamed[choice.index] += choice.text
+        assert streamed == texts
+        assert chunks[-1].usage.completion_tokens == 16
+
+        messages = [{"role": "user", "content": "Name a colour."}]
+        parts = list(
+            client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=5, temperature=0, n=2, stream=True
+            )
+        )
+        roles = {p.choices[0].index for p in parts if p.choices and p.choices[0].delta.role}
+        assert roles == {0, 1}
+        said = ["", ""]
+        for p in parts:
+            for choice in p.choices:
+                said[choice.index] += choice.delta.content or ""
+        assert said[0] == said[1]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["forks"] >= 2 + 1 + 1 + 1

@@ -43,6 +43,7 @@ from framework.cluster.link import TransferRecord
 from framework.cluster.outages import Outage, OutageRecord
 from framework.cluster.replica_loss import lose_replica
 from framework.core.request import RequestSpec
+from framework.core.sample_group import sample_specs
 from framework.core.sequence import Sequence, Status
 from framework.engine.loop import Engine, RunResult
 from framework.plugin_host.guard import Guarded
@@ -246,7 +247,9 @@ class Cluster:
         replica = self.prefill_ids[chosen]
         self.replica_of[spec.id] = replica
         self.replicas_of[spec.id] = [replica]
-        self.engines[replica].submit(spec, eos_token_id)
+        for seq in self.engines[replica].submit(spec, eos_token_id):  # its samples, all here
+            self.replica_of[seq.id] = replica
+            self.replicas_of[seq.id] = [replica]
         return replica
 
     def partial_result(self) -> ReplicaResults:
@@ -257,7 +260,7 @@ class Cluster:
         decode_of = self.handoffs.decode_of if self.handoffs is not None else None
         check_served_once(specs, results, self.replica_of, decode_of, self.replicas_of)
         if self.handoffs is not None:
-            self.handoffs.check_end(len(specs))
+            self.handoffs.check_end(sum(s.sampling.n for s in specs))
         return self._result(results)
 
     def _result(self, results: list[RunResult]) -> ReplicaResults:
@@ -330,7 +333,7 @@ def check_served_once(
     if copies != (decode_of or {}):
         wrong = sorted(set(copies.items()) ^ set((decode_of or {}).items()))[:5]
         raise AssertionError(f"decode copies and decode replicas disagree: {wrong}")
-    want = {s.id for s in specs}
+    want = {sample.id for s in specs for sample in sample_specs(s)}
     if set(seen) != want:
         missing = sorted(want - set(seen))[:5]
         extra = sorted(set(seen) - want)[:5]

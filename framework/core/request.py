@@ -15,6 +15,9 @@ class SamplingParams:
 
     `temperature == 0` means greedy. `seed` makes sampling reproducible per request: each
     token's draw depends only on (seed, token index), never on what else shares the batch.
+    `n` > 1 asks for that many samples of one prompt (parallel sampling): the engine runs
+    them as sequences over one copy of the prompt's KV (`framework.core.sample_group`),
+    each drawing from a seed stream of its own, the first from `seed` itself.
     """
 
     temperature: float = 0.0
@@ -24,6 +27,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # True forces exactly max_tokens (trace replay)
+    n: int = 1  # samples of the prompt
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -34,6 +38,8 @@ class SamplingParams:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"sampling.n must be an integer >= 1, got {self.n!r}")
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from framework.core.request import RequestSpec, SamplingParams
+from framework.core.sample_group import sample_specs
 
 
 class Status(enum.Enum):
@@ -32,6 +33,20 @@ class Status(enum.Enum):
 ABORTED = "abort"
 STOP_STRING = "stop_string"
 ENDED_OUTSIDE = (ABORTED, STOP_STRING)
+
+
+@dataclass(eq=False)
+class SampleGroup:
+    """The samples of one request, in index order (the leader first), and those not yet
+    forked. Only the engine's planner moves a sample out of `unforked`."""
+
+    request: RequestSpec
+    members: list[Sequence]
+    unforked: list[Sequence] = field(default_factory=list)
+
+    @property
+    def leader(self) -> Sequence:
+        return self.members[0]
 
 
 @dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
@@ -79,6 +94,10 @@ class Sequence:
     # Prefill/decode disaggregation: the output tokens this replica generates before it
     # hands the request on (a prefill replica's: its first); None: all of them.
     hand_off_after: int | None = None
+    # One of a request's parallel samples (`framework.core.sample_group`): its group, and
+    # which sample it is; None for a request of one sample.
+    group: SampleGroup | None = field(default=None, repr=False)
+    sample_index: int = 0
     # Fixed by the spec (and the hand-off), read several times per row per step: set once.
     prompt_len: int = field(init=False, repr=False)
     # The tokens that end this request: its stop ids, and EOS unless it is ignored.
@@ -222,3 +241,15 @@ class Sequence:
             return self.output_token_ids[start - p : end - p]
         head = list(self.spec.prompt_token_ids[start : min(end, p)])
         return head + self.output_token_ids[: max(0, end - p)] if end > p else head
+
+
+def sequences_for(spec: RequestSpec, eos_token_id: int | None) -> list[Sequence]:
+    """The sequences that serve a request: one, or its `n` samples tied by their group
+    (`framework.core.sample_group`), the leader first, the others not yet forked."""
+    specs = sample_specs(spec)
+    seqs = [Sequence(s, eos_token_id) for s in specs]
+    if len(seqs) > 1:
+        group = SampleGroup(spec, seqs, seqs[1:])
+        for i, seq in enumerate(seqs):
+            seq.group, seq.sample_index = group, i
+    return seqs

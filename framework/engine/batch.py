@@ -75,6 +75,9 @@ class StepBatch:
     # KV blocks the executor copies between the device and the host tier before the
     # forward (`framework.engine.host_tier`): every copy out, then every copy in.
     swaps: Swaps = NO_SWAPS
+    # KV blocks copied within the device before the forward, (from, to), after the copies
+    # out: the block each sample forked this step writes next (copy on write).
+    copies: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def counted(
@@ -88,10 +91,11 @@ class StepBatch:
         sampling_rows: int,
         waiting: int = 0,
         swaps: Swaps = NO_SWAPS,
+        copies: tuple[tuple[int, int], ...] = (),
     ) -> StepBatch:
         """A batch whose counts its builder already took while packing it (the engine does:
         at trace scale three more passes over the rows were a tenth of its host work)."""
-        batch = cls(rows, device_inputs, waiting, swaps)
+        batch = cls(rows, device_inputs, waiting, swaps, copies)
         batch.__dict__.update(  # what the cached properties below would compute
             num_tokens=num_tokens,
             prefill_tokens=prefill_tokens,

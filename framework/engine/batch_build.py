@@ -164,4 +164,5 @@ class BatchBuilder:
             sampling_rows=sampling_rows,
             waiting=waiting,
             swaps=plan.swaps,
+            copies=plan.copies,
         )

@@ -26,6 +26,7 @@ class BlockPoolError(RuntimeError):
 
 class BlockPool:
     layout = "paged"  # any free block serves any request (`ContiguousPool`: extents)
+    forks = True  # a table may take blocks another holds (`fork`); extents cannot share
     evictions = 0  # cached blocks whose prefix was dropped for a fresh allocation
     caches_prefixes = False  # a lookup finds nothing here: no block is ever cached
 
@@ -38,6 +39,11 @@ class BlockPool:
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
         self._owner: list[str | None] = [None] * num_blocks
+        # Blocks two or more tables hold (a request's samples, forked): all their holders,
+        # the first also in `_owner`. Empty unless requests fork, so the hot paths test it
+        # once.
+        self._shared: dict[int, list[str]] = {}
+        self._extra_refs = 0  # holders past the first, over the shared blocks
         self.peak_used = 0
         self.max_extent = num_blocks  # the most blocks one request could ever be given
 
@@ -70,12 +76,53 @@ class BlockPool:
         return blocks
 
     def free(self, owner: str, blocks: list[int]) -> None:
-        owners = self._owner
+        """`owner` lets go of its blocks: each goes back to the free list unless another
+        table still holds it (a fork's shared prompt)."""
+        owners, shared = self._owner, self._shared
+        if shared:
+            blocks = [b for b in blocks if not self._unshare(owner, b)]
         for b in blocks:
             if owners[b] != owner:
                 raise BlockPoolError(f"{owner} freed block {b}, owned by {owners[b]}")
             owners[b] = None
         self._free.extend(blocks)
+
+    def _unshare(self, owner: str, b: int) -> bool:
+        """`owner` drops its hold on `b` if others hold it too: True when `b` stays held."""
+        holders = self._shared.get(b)
+        if holders is None:
+            return False
+        if owner not in holders:
+            raise BlockPoolError(f"{owner} freed block {b}, held by {holders}")
+        holders.remove(owner)
+        self._extra_refs -= 1
+        self._owner[b] = holders[0]
+        if len(holders) == 1:
+            del self._shared[b]
+        return True
+
+    def fork(self, owner: str, blocks: Seq[int]) -> None:
+        """`owner`'s table takes blocks another table holds (a sample forked from its
+        request's leader): each block's count goes up by one; none is copied or freed
+        until its last holder lets go. Only blocks nobody writes again are forked (the
+        prompt's full blocks; `framework.core.sample_group`)."""
+        owners, shared = self._owner, self._shared
+        for b in blocks:
+            first = owners[b]
+            if first is None:
+                raise BlockPoolError(f"{owner} forked block {b}, which is free")
+            holders = shared.get(b) or [first]
+            if owner in holders:
+                raise BlockPoolError(f"{owner} forked block {b}, which it holds already")
+            shared[b] = [*holders, owner]
+            self._extra_refs += 1
+
+    def refcount(self, block: int) -> int:
+        """How many tables hold `block`."""
+        holders = self._shared.get(block)
+        if holders is not None:
+            return len(holders)
+        return 0 if self._owner[block] is None else 1
 
     # ---- placing a step's admissions: any free blocks will do ----------------------------
     def forget_all(self) -> None:
@@ -133,17 +180,22 @@ class BlockPool:
     def owners(self) -> dict[str, list[int]]:
         held: dict[str, list[int]] = {}
         for b, o in enumerate(self._owner):
-            if o is not None:
-                held.setdefault(o, []).append(b)
+            for holder in self._shared.get(b, [o] if o is not None else []):
+                held.setdefault(holder, []).append(b)
         return held
 
+    def references(self) -> int:
+        """Block references the tables hold: the used blocks, plus one for every extra
+        holder of a shared block."""
+        return self.num_used + self._extra_refs
+
     def check_tables(self, tables: dict[str, list[int]]) -> None:
-        """The running rows' block tables are exactly what the pool says is held: here each
-        block has one owner, so the tables' blocks are the used ones."""
+        """The running rows' block tables are exactly what the pool says is held: each
+        table entry is one reference, so the entries add up to the references."""
         owned = sum(len(t) for t in tables.values())
-        if owned != self.num_used:
+        if owned != (refs := self.references()):
             raise BlockPoolError(
-                f"running rows hold {owned} blocks but the pool has {self.num_used} in use "
+                f"running rows hold {owned} block references but the pool counts {refs} "
                 "(a leak, or blocks held by a sequence that is not running)"
             )
 
@@ -155,3 +207,14 @@ class BlockPool:
         for b, o in enumerate(self._owner):
             if (o is None) != (b in free):
                 raise BlockPoolError(f"block {b}: owner {o!r} but in free list: {b in free}")
+        if self._extra_refs != sum(len(h) - 1 for h in self._shared.values()):
+            raise BlockPoolError(f"{self._extra_refs} extra references counted, not the holders'")
+        for b, holders in self._shared.items():
+            if (
+                len(holders) < 2
+                or len(set(holders)) != len(holders)
+                or self._owner[b] not in holders
+            ):
+                raise BlockPoolError(
+                    f"shared block {b}: holders {holders}, owner {self._owner[b]!r}"
+                )

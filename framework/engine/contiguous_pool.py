@@ -24,6 +24,7 @@ from framework.engine.buddy import BuddyError, BuddyExtents
 
 class ContiguousPool(BlockPool):
     layout = "contiguous"
+    forks = False  # a request's extent is its own: samples of one prompt share nothing
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)

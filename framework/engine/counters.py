@@ -62,6 +62,15 @@ class Counters:
     kv_internal_slot_s: float = 0.0
     kv_external_slot_s: float = 0.0
     kv_overhang_slots: int = 0
+    # Sharing (`framework.engine.kv_usage`): the time-weighted sum of block references over
+    # blocks in use, and the seconds any block was in use. Parallel samples' forks
+    # (`framework.core.sample_group`): samples admitted over another's blocks, the blocks
+    # they took shared, and the blocks copied for them to write (copy on write).
+    kv_sharing_ratio_s: float = 0.0
+    kv_in_use_s: float = 0.0
+    forks: int = 0
+    forked_blocks: int = 0
+    cow_blocks: int = 0
     # A replica lost (`cluster.faults`): tokens sampled on its device and never read back,
     # gone with it (deferred = kept + overshoot + held + lost); and the positions it had
     # computed for the requests it held that a live replica computes again.

@@ -50,8 +50,9 @@ class ExecResult:
     # the virtual clock before the step's device work. 0 for a real executor, whose host
     # time is its own.
     host_s: float = 0.0
-    # KV blocks copied between the device and the host tier before the forward
-    # (`StepBatch.swaps`): measured by a real executor, predicted by a simulator.
+    # KV blocks copied before the forward, between the device and the host tier
+    # (`StepBatch.swaps`) and within the device (`StepBatch.copies`): measured by a real
+    # executor, predicted by a simulator.
     swap_s: float = 0.0
     # On CUDA, events around the forward and the sampler on the device's stream: their
     # device seconds, read when the step's tokens are drained. None where the host's

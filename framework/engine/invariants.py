@@ -66,6 +66,8 @@ def check_step(
         pool.check_tables(tables)
     except BlockPoolError as exc:
         raise InvariantError(str(exc)) from exc
+    if pool.references() != pool.num_used:  # some block is shared: none may be written
+        _check_no_shared_write(batch, pool)
     c = counters
     if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.held_tokens + c.lost_tokens:
         raise InvariantError(
@@ -100,6 +102,22 @@ def check_step(
         raise InvariantError(
             f"rows hold {held} tokens on the device, the counter says {c.held_tokens}"
         )
+
+
+def _check_no_shared_write(batch: StepBatch, pool: BlockPool) -> None:
+    """Copy on write held: no row wrote into a block another table holds. The blocks a table
+    shares lead it (a fork's prompt, a prefix cache's hits) and a row writes a run of
+    positions at its end, so the first block it wrote is the one that could be shared."""
+    bs = pool.block_size
+    for r in batch.rows:
+        if r.padding or not r.token_ids:
+            continue
+        b = r.block_table[r.start_pos // bs]
+        if (n := pool.refcount(b)) > 1:
+            raise InvariantError(
+                f"{r.seq_id} wrote position {r.start_pos} into block {b}, which {n} tables hold "
+                "(a write into a shared block, not copied first)"
+            )
 
 
 def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: list[Any]) -> None:

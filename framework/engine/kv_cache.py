@@ -53,3 +53,13 @@ class KVCache:
         return (
             block_table[position // self.block_size] * self.block_size + position % self.block_size
         )
+
+    def copy_blocks(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Copy each (from, to) block's K and V in every layer: one gather and one scatter a
+        tensor, whatever the number of blocks (a step's copies on write)."""
+        device = self.k[0].device
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.long).to(device, non_blocking=True)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.long).to(device, non_blocking=True)
+        for t in (*self.k, *self.v):
+            blocks = t.view(-1, self.block_size, *t.shape[1:])
+            blocks.index_copy_(0, dst, blocks.index_select(0, src))

@@ -36,15 +36,48 @@ class Lookups:
         self.cuts_prefills = True  # whether the scheduler has a `chunk` of its own
         self._recorded: list[Sequence] = []  # waiting requests whose cached prefix is set
 
+    def fork_source(self, seq: Sequence) -> Sequence | None:
+        """The running sample of `seq`'s request whose blocks `seq` can fork from: one with
+        the prompt computed up to its last token (`framework.core.sample_group`). None for a
+        request of one sample, a pool that cannot share, a sample whose KV is on the host
+        tier, a one-token prompt (nothing to share), or no such sample running now."""
+        group = seq.group
+        if group is None or seq.host_table or seq.prompt_len < 2 or not self.pool.forks:
+            return None
+        reads = seq.prompt_len - 1
+        for other in group.members:
+            if other is not seq and other.status is Status.RUNNING and other.num_computed >= reads:
+                return other
+        return None
+
     def cached_tokens(self, seq: Sequence) -> int:
-        """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now. A waiting
-        request's forward would skip them: recorded as its cached prefix until the next
-        choice of admissions."""
-        n = len(self.pool.cached_blocks(seq)) * self.pool.block_size
+        """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now, or, for a
+        sample that can fork, its prompt but the last token. A waiting request's forward
+        would skip them: recorded as its cached prefix until the next choice of
+        admissions."""
+        if seq.group is not None and self.fork_source(seq) is not None:
+            n = seq.prompt_len - 1
+        else:
+            n = len(self.pool.cached_blocks(seq)) * self.pool.block_size
         if seq.status is Status.WAITING and seq.cached_prefix != n:
             seq.cached_prefix = n
             self._recorded.append(seq)
         return n
+
+    def taken(self, seq: Sequence, source: Sequence | None) -> list[int]:
+        """The blocks an admission takes from other tables: from its fork's `source`, the
+        full ones before the prompt's last token (never written again); else the prefix
+        cache's blocks it was charged for."""
+        bs = self.pool.block_size
+        if source is not None:
+            return source.block_table[: (seq.prompt_len - 1) // bs]
+        held = self.pool.cached_blocks(seq)[: seq.cached_prefix // bs]
+        if len(held) * bs != seq.cached_prefix:
+            raise RuntimeError(
+                f"engine: {seq.id} was charged for {seq.cached_prefix} cached tokens "
+                f"and finds {len(held) * bs}"
+            )
+        return held
 
     def forget(self) -> None:
         """The lookups recorded on waiting requests end with the planning they were made in."""
@@ -77,6 +110,8 @@ class Lookups:
         price less the cached blocks it shares that another table holds already (those
         cost nothing; an evictable cached block costs one, like a fresh one)."""
         n: int = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
+        if seq.group is not None and self.fork_source(seq) is not None:
+            return n - (seq.prompt_len - 1) // self.pool.block_size  # held by its source
         return n - self.pool.in_use(self.pool.cached_blocks(seq))
 
     def preemption_costs(self, seq: Sequence) -> PreemptionCosts | None:

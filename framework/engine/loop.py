@@ -24,7 +24,7 @@ import torch
 
 from framework.api.policy import PolicyError, Scheduler, overrides
 from framework.core.request import RequestSpec
-from framework.core.sequence import ABORTED, Sequence, Status
+from framework.core.sequence import ABORTED, Sequence, Status, sequences_for
 from framework.core.step_stats import StepStats
 from framework.engine.aborts import Aborts
 from framework.engine.batch import StepBatch
@@ -38,7 +38,7 @@ from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.host_tier import HostTier, SwapCosts
 from framework.engine.invariants import InvariantError, check_end, check_step
-from framework.engine.kv_usage import account_kv
+from framework.engine.kv_usage import account_kv, overhang
 from framework.engine.parking import Parking
 from framework.engine.phases import PhaseTimer
 from framework.engine.planner import Planner
@@ -165,9 +165,8 @@ class Engine:
         # kept out of the garbage collector's full passes meanwhile (`frozen_heap`).
         with frozen_heap() as freeze:
             self.prepare()
-            self.seqs = [Sequence(spec, eos_token_id) for spec in specs]
-            ids = [s.id for s in self.seqs]
-            if len(set(ids)) != len(ids):
+            self.seqs = [s for spec in specs for s in sequences_for(spec, eos_token_id)]
+            if len({s.id for s in self.seqs}) != len(self.seqs):
                 raise ValueError("workload request ids must be unique")
             for seq in sorted(self.seqs, key=lambda s: s.arrival):
                 self._enqueue(seq)
@@ -188,29 +187,36 @@ class Engine:
         self.planner.pauses = overrides(self.p.scheduler, Scheduler, "pause")
         self.planner.lookups.cuts_prefills = self.cuts_prefills
 
-    def submit(self, spec: RequestSpec, eos_token_id: int | None) -> Sequence:
+    def submit(self, spec: RequestSpec, eos_token_id: int | None) -> list[Sequence]:
         """One more request, arriving no earlier than any submitted before it (a cluster's
-        router hands each replica its requests one at a time, in arrival order)."""
-        seq = Sequence(spec, eos_token_id)
-        if self.tokens_here is not None:
-            seq.stop_here_after(self.tokens_here)
-        self.seqs.append(seq)
-        self._enqueue(seq)
-        return seq
+        router hands each replica its requests one at a time, in arrival order): the
+        sequences serving it, its samples in index order (one unless `sampling.n`)."""
+        seqs = sequences_for(spec, eos_token_id)
+        for seq in seqs:
+            if self.tokens_here is not None:
+                seq.stop_here_after(self.tokens_here)
+            self.seqs.append(seq)
+            self._enqueue(seq)
+        return seqs
 
     def _enqueue(self, seq: Sequence, now: bool = False) -> None:
-        """`seq` queued (arrived by now when `now`), or rejected where it could never run."""
+        """`seq` queued (arrived by now when `now`), or rejected where it could never run.
+        A request's samples are queued with their leader."""
         reason = why_never(seq, self.pool, self.limits, self.p.allocator, self.cuts_prefills)
-        if reason:
+        group = seq.group
+        if reason:  # a request's samples alike: one prompt, one length
             seq.status, seq.reject_reason = Status.REJECTED, reason
-        else:
+        elif group is None:
             self.planner.enqueue(seq, now=now)
+        elif seq is group.leader:  # the others wait to fork from it (`Forks.ready`)
+            self.planner.enqueue(seq)
+            self.planner.forking.hold(group)
 
     @property
     def has_work(self) -> bool:
         q = self.planner
         landed = q.parking is not None and q.parking.next_landing() is not None
-        return bool(q.pending or q.waiting or q.running or landed)
+        return bool(q.pending or q.waiting or q.running or q.forking or landed)
 
     def next_work(self) -> float:
         """When an engine with nothing queued or running next has something to do: its next
@@ -224,10 +230,11 @@ class Engine:
         return min(times)
 
     def advance(self) -> StepStats | None:
-        """One step; when nothing has arrived yet, the clock first gets to the next arrival.
-        Returns the step's stats, None when nothing ran."""
-        if not self.planner.waiting and not self.planner.running:
-            self.clock.wait_until(self.next_work())
+        """One step (its stats; None if nothing ran), the clock first at the next arrival."""
+        if not (q := self.planner).waiting and not q.running:
+            q.arrive(self.now())  # samples whose leader has left wait now: no wait for them
+            if not q.waiting:
+                self.clock.wait_until(self.next_work())
         return self.step()
 
     def finish(self) -> RunResult:
@@ -240,9 +247,8 @@ class Engine:
         return result
 
     def partial_result(self) -> RunResult:
-        """What has been measured so far: the whole result after `run`, or, after a run
-        stopped by an error or Ctrl-C, the part worth writing down (marked incomplete by the
-        caller)."""
+        """What has been measured so far: the whole result after `run`, or, after a run stopped
+        by an error or Ctrl-C, the part worth writing down (marked incomplete by the caller)."""
         return RunResult(
             self.seqs,
             self.steps,
@@ -283,7 +289,7 @@ class Engine:
             return False
         seq.block_table = self.pool.allocate(seq.id, n)
         self.seqs.append(seq)
-        self.counters.kv_overhang_slots += self.planner.overhang(seq)
+        self.counters.kv_overhang_slots += overhang(seq, bs)
         return True
 
     # ---- one step --------------------------------------------------------------------
@@ -320,8 +326,7 @@ class Engine:
         return stats
 
     def _plan(self) -> StepPlan:
-        """The planner's plan, bringing the held tokens home each time it asks (it yields
-        when the rows are about to change while tokens are on the device)."""
+        """The planner's plan, the held tokens brought home whenever it yields for them."""
         planning = self.planner.plan(self.timer)
         while True:
             try:

@@ -3,20 +3,19 @@
     evict -> grow (preempt while the pool is dry) -> displace -> choose admissions -> admit
 
 The planner is the one owner of the queues: requests not yet arrived (`pending`), arrived and
-not running (`waiting`), the rows of the next forward (`running`). Every move between them,
-and every release of a request's blocks (`release`), happens here; the abort and hand-off
-books ask it to move what they end or send.
+not running (`waiting`), the rows of the next forward (`running`), and a request's samples
+waiting to fork from their leader (`forking`). Every move between them, and every release
+of a request's blocks (`release`), happens here; the abort and hand-off books ask it to move
+what they end or send.
 
 The policies decide each part of a step's plan through a view; the planner checks every
-decision against the contract and the budgets, then applies it: blocks freed and allocated,
-requests moved between the queues. Its result, a `StepPlan` made once at the end, is all the
-batch build reads. A view's questions (a chunk, a prefix lookup, the allocator's veto) are
-answered by `Lookups`, which holds no queue.
+decision against the contract and the budgets, then applies it. Its result, a `StepPlan` made
+once at the end, is all the batch build reads. `Lookups` answers a view's questions (a chunk,
+a prefix lookup, a fork's source, the allocator's veto) and holds no queue.
 
-The planner never brings a held token home itself. Whenever the rows are about to change while
-tokens are still on the device, `plan` yields: the step brings every held token to its request
-(`Engine.bring_home`, the one place outside `update_from_output` where tokens reach requests)
-and resumes it, and the planner looks again at what those tokens changed.
+The planner never brings a held token home itself: whenever the rows are about to change
+while tokens are on the device, `plan` yields, the step brings every held token to its
+request (`Engine.bring_home`) and resumes it, and the planner looks again at what they changed.
 """
 
 from __future__ import annotations
@@ -31,9 +30,11 @@ from framework.engine.batch import NO_SWAPS
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
 from framework.engine.counters import Counters
+from framework.engine.forks import Forks
 from framework.engine.held import HeldTokens
 from framework.engine.host_tier import HostTier
 from framework.engine.invariants import InvariantError
+from framework.engine.kv_usage import overhang
 from framework.engine.lookups import Lookups
 from framework.engine.parking import Parking
 from framework.engine.phases import PhaseTimer
@@ -61,6 +62,8 @@ class Planner:
         self.pending: deque[Sequence] = deque()  # not yet arrived, in arrival order
         self.waiting: deque[Sequence] = deque()  # FCFS; a preempted request at the head
         self.running: list[Sequence] = []  # the next forward's rows, in admission order
+        # Samples that wait in their group until they can fork from their leader.
+        self.forking = Forks(pool, counters)
         self.pool = pool
         self.p = policies
         self.limits = limits
@@ -107,7 +110,10 @@ class Planner:
             kept = set(map(id, rows))
             partial = {s: n for s, n in partial.items() if id(s) in kept}
         swaps = self.tier.take(bool(rows)) if self.tier is not None else NO_SWAPS
-        return StepPlan(rows, partial, cache_hits, evicted, preempted, len(admitted), paused, swaps)
+        copies = self.forking.take_copies()
+        return StepPlan(
+            rows, partial, cache_hits, evicted, preempted, len(admitted), paused, swaps, copies
+        )
 
     def unpaused(self, admitted: list[Sequence]) -> Planning[list[Sequence]]:
         """The running rows less those the scheduler pauses for this step (checked)."""
@@ -140,21 +146,31 @@ class Planner:
 
     def empty(self) -> list[Sequence]:
         """Every request leaves the queues, running rows first (a replica's failure)."""
-        out = [*self.running, *self.waiting, *self.pending]
+        out = [*self.running, *self.waiting, *self.pending, *self.forking.empty()]
         for queue in (self.running, self.waiting, self.pending):
             queue.clear()
         return out
 
     def arrive(self, now: float) -> None:
-        """Requests whose arrival time has come join the waiting queue."""
+        """Requests whose arrival time has come join the waiting queue, and, at its head,
+        samples that can fork from their leader now (`Forks.ready`)."""
         pending = self.pending
         while pending and pending[0].arrival <= now:
             seq = pending.popleft()
             seq.status = Status.WAITING
             self.waiting.append(seq)
+        self.release_forks()
+
+    def release_forks(self) -> None:
+        """Samples that can fork from their leader now (`Forks.ready`) wait, at the head."""
+        for seq in reversed(self.forking.ready() if self.forking else ()):
+            seq.status = Status.WAITING
+            self.waiting.appendleft(seq)
 
     def remove(self, seq: Sequence) -> None:
         """`seq` leaves whichever queue holds it (an abort), its blocks still its own."""
+        if self.forking.remove(seq):
+            return
         if seq.status is Status.PENDING:
             self.pending.remove(seq)
         elif seq.status is Status.WAITING:
@@ -190,9 +206,10 @@ class Planner:
 
     # ---- parked requests (a cluster's hand-offs) -------------------------------------
     def hand_off(self) -> None:
-        """After held tokens came home: rows whose part here is done though they owe more
-        tokens (`HeldTokens.take_handed`) leave the rows, parked with their blocks held, for
-        the cluster to move (not an eviction: no scheduler is asked)."""
+        """After held tokens came home: samples that can fork now wait; rows whose part here
+        is done though they owe more tokens (`HeldTokens.take_handed`) leave the rows, parked
+        with their blocks held, for the cluster to move (no scheduler is asked)."""
+        self.release_forks()
         handed = self.held.take_handed()
         if not handed:
             return
@@ -204,9 +221,8 @@ class Planner:
             self.parking.leave(seq, now, forward_s)
 
     def join_landed(self) -> Planning[None]:
-        """Requests whose KV has landed join the running rows as decode rows while a row is
-        free, ahead of any admission: their blocks are theirs since the reservation, and
-        their prompt is computed (it came over the link)."""
+        """Landed requests join the running rows as decode rows while a row is free, ahead of
+        any admission (their blocks held since the reservation, their prompt computed)."""
         now, parking, cap = self.now(), self.parking, self.limits.max_num_seqs
         assert parking is not None  # called only with landed requests
 
@@ -248,18 +264,12 @@ class Planner:
         request that leaves for good drops what it swapped to the host tier."""
         if seq.host_table and status is not Status.WAITING and self.tier is not None:
             self.tier.drop(seq)
-        self.counters.kv_overhang_slots -= self.overhang(seq)
+        self.counters.kv_overhang_slots -= overhang(seq, self.pool.block_size)
         self.pool.free(seq.id, seq.block_table)
         seq.block_table = []
         seq.status = status
         if at is not None:
             seq.released_at = at
-
-    def overhang(self, seq: Sequence) -> int:
-        """Slots of `seq`'s blocks past the longest it can get (prompt + max_tokens):
-        reserved and never used, the internal fragmentation of its reservation."""
-        over = len(seq.block_table) * self.pool.block_size - seq.max_len
-        return over if over > 0 else 0
 
     def grow(self) -> Planning[int]:
         """Give running rows the blocks this step writes into; preempt while the pool is dry.
@@ -296,9 +306,9 @@ class Planner:
                 preempted += 1
         counters = self.counters
         for seq, n in need:
-            before = self.overhang(seq)
+            before = overhang(seq, bs)
             seq.block_table += self.pool.allocate(seq.id, n)
-            counters.kv_overhang_slots += self.overhang(seq) - before
+            counters.kv_overhang_slots += overhang(seq, self.pool.block_size) - before
         # Whether every row got the blocks its next write needs is checked as the batch build
         # maps each written position to its slot (`short_table`).
         return preempted
@@ -437,30 +447,27 @@ class Planner:
         """The chosen requests join the running rows, with their blocks; returns the cached
         tokens each found (a prefix cache's), which its forward reads and does not compute."""
         cache_hits: dict[Sequence, int] = {}
-        # Every admission's cached blocks are taken before any fresh block is handed out:
-        # a fresh allocation may evict a cached block nobody holds, and one that a later
-        # admission of this step was charged as cached must still be there for it.
-        # Each takes exactly the cached blocks it was charged for (a block published since
-        # would change the chunk the scheduler chose).
+        # Every admission's shared blocks are taken before any fresh block is handed out (a
+        # fresh one may evict a cached block a later admission was charged as cached), each
+        # exactly those it was charged for (one published since would change its chunk).
         bs = self.pool.block_size
-        hits = [self.pool.cached_blocks(seq)[: seq.cached_prefix // bs] for seq in admit]
+        sources = {seq: src for seq in admit if (src := self.lookups.fork_source(seq))}
+        hits = [self.lookups.taken(seq, sources.get(seq)) for seq in admit]
         for seq, held in zip(admit, hits, strict=True):
-            if len(held) * bs != seq.cached_prefix:
-                raise RuntimeError(
-                    f"engine: {seq.id} was charged for {seq.cached_prefix} cached tokens "
-                    f"and finds {len(held) * bs}"
-                )
-            self.pool.share(seq.id, held)
+            (self.pool.fork if seq in sources else self.pool.share)(seq.id, held)
         for seq, held in zip(admit, hits, strict=True):
             self.waiting.remove(seq)
             n = self.p.allocator.blocks_to_admit(seq, bs)
             seq.block_table = held + self.pool.allocate(seq.id, max(0, n - len(held)))
-            self.counters.kv_overhang_slots += self.overhang(seq)
+            self.counters.kv_overhang_slots += overhang(seq, self.pool.block_size)
             seq.cached_prefix = 0
-            if held:  # its forward starts after the cached blocks, reading them
-                seq.num_computed = cache_hits[seq] = len(held) * bs
-            seq.prefix_published = len(held)
-            self.pool.count_admission(seq, self.counters)
+            if (source := sources.get(seq)) is not None:  # its prompt is no cache lookup
+                cache_hits[seq] = self.forking.fork(seq, source, len(held))
+            else:
+                if held:  # its forward starts after the cached blocks, reading them
+                    seq.num_computed = cache_hits[seq] = len(held) * bs
+                seq.prefix_published = len(held)
+                self.pool.count_admission(seq, self.counters)
             if max(n, len(seq.block_table)) * bs < (need := seq.num_tokens):
                 raise self.fail("allocator", f"gave {seq.id} {n} blocks for {need} tokens")
             if seq.host_table and self.tier is not None:  # swapped out: its KV comes back

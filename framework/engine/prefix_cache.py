@@ -12,9 +12,8 @@ it is evicted (its hash dropped) only when the pool needs a block and none is fr
 sequence's blocks join that list tail first, so the end of a prompt is evicted before its
 head, and the shared head, which the next request most likely wants, stays longest.
 
-The pool's accounting: free + cached-and-evictable + in use = `num_blocks`. `num_free`, what
-the engine and the policies see, counts the free and the evictable blocks together: both
-can be handed out.
+Accounting: free + cached-and-evictable + in use = `num_blocks`; `num_free`, what the engine
+and the policies see, counts free and evictable blocks together: both can be handed out.
 """
 
 from __future__ import annotations
@@ -36,14 +35,13 @@ if TYPE_CHECKING:
 class PrefixCachingPool(BlockPool):
     """`BlockPool` with shared, reference-counted blocks and an LRU of cached free ones.
 
-    `choose`, when given, is an eviction order of a policy's own: called with the evictable
-    blocks (least recently freed first) whenever one must go, it returns the block to evict.
-    Without it, the least recently freed goes, in O(1)."""
+    `choose`, when given, is a policy's eviction order: called with the evictable blocks
+    (least recently freed first) whenever one must go, it returns the block to evict; else
+    the least recently freed goes, in O(1)."""
 
-    # `check_tables` spreads the whole check out so that it costs about this many table
-    # entries a step (about 10 µs): tables this small get it every step. A whole trace is
-    # millions of steps of a few rows each, and 4,096 entries a step (0.6 ms) took longer
-    # than the steps themselves.
+    # `check_tables` spreads the whole check out to about this many table entries a step
+    # (about 10 µs; tables this small get it every step): at 4,096 entries a step (0.6 ms) a
+    # whole trace, millions of steps of a few rows, took longer than its steps.
     CHECK_ENTRIES_PER_STEP = 64
 
     def __init__(
@@ -100,6 +98,9 @@ class PrefixCachingPool(BlockPool):
 
     def refcount(self, block: int) -> int:
         return len(self._owners[block])
+
+    def references(self) -> int:
+        return self._refs
 
     # ---- lookup and sharing --------------------------------------------------------------
     def match(self, tokens: Seq[int], max_blocks: int) -> list[int]:
@@ -217,6 +218,15 @@ class PrefixCachingPool(BlockPool):
             self._refs += 1
             self._hits[b] += 1
         self.peak_used = max(self.peak_used, self.num_used)
+
+    def fork(self, owner: str, blocks: Seq[int]) -> None:
+        """`owner` takes blocks another table holds (a forked sample), published or not."""
+        self.version += 1
+        for b in blocks:
+            if not self._owners[b] or owner in self._owners[b]:
+                raise BlockPoolError(f"{owner} forked block {b}, held by {self._owners[b]}")
+            self._owners[b].append(owner)
+            self._refs += 1
 
     def publish(
         self, owner: str, table: Seq[int], tokens: Seq[int], start: int, offset: int = 0

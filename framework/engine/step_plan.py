@@ -19,7 +19,9 @@ class StepPlan:
     (chunked prefill), the count in `partial`. `cache_hits` holds each admission's leading
     tokens found in the prefix cache, which its forward reads and does not compute.
     `swaps` are the block copies between the device and the host tier that the executor
-    makes before the forward (preemptions by swap, readmissions of swapped requests)."""
+    makes before the forward (preemptions by swap, readmissions of swapped requests);
+    `copies` the copies within the device, after the copies out and before those in (the
+    block each forked sample writes next: `framework.core.sample_group`)."""
 
     rows: list[Sequence] = field(default_factory=list)
     partial: dict[Sequence, int] = field(default_factory=dict)
@@ -29,6 +31,7 @@ class StepPlan:
     admitted: int = 0
     paused: int = 0  # running rows that sit the step out (`Scheduler.pause`)
     swaps: Swaps = NO_SWAPS  # KV blocks copied between the tiers before the forward
+    copies: tuple[tuple[int, int], ...] = ()  # (from, to) blocks on the device
 
     def tokens(self, seq: Sequence) -> int:
         """The tokens `seq`'s row computes in this step's forward."""

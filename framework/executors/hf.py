@@ -254,6 +254,10 @@ class HFExecutor:
             if self.host is None:
                 raise RuntimeError("a step asks for KV swaps of an executor with no host tier")
             swap_s = self.host.copy(self.cache, batch.swaps)
+        if batch.copies:  # after the copies out: a block copied to may be one swapped out
+            t_copy = time.perf_counter()
+            self.cache.copy_blocks(batch.copies)
+            swap_s += time.perf_counter() - t_copy
         t_prep = time.perf_counter()
         rows = len(batch.rows)
         decode = rows if batch.decode_rows == rows else 0  # its device seconds fit row_s

@@ -205,7 +205,7 @@ def build_engine(
     limits = Limits(e.max_num_seqs, e.max_num_batched_tokens, max_len)
     executor: Executor
     if is_simulated(cfg):  # no KV tensors: the scratch block is only a number
-        executor, clock = build_simulated(cfg, model, say, per_block if host_blocks else 0)
+        executor, clock = build_simulated(cfg, model, say, per_block, host_tier=bool(host_blocks))
         scratch = num_blocks
     else:
         # The real executor's modules (transformers' modelling code) only where a model

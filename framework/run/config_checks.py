@@ -213,6 +213,12 @@ def check_run(cfg: Any) -> None:
     check_model(cfg.model)
     check_executor(cfg.executor)
     check_cluster(cfg)
+    n = OmegaConf.select(cfg, "workload.n", default=1)
+    if isinstance(n, int) and n > cfg.engine.max_num_seqs:
+        raise ValueError(
+            f"workload.n={n} samples of a request cannot run side by side in "
+            f"engine.max_num_seqs={cfg.engine.max_num_seqs} rows; raise it, or lower n"
+        )
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
     if cfg.print_limit is not None and cfg.print_limit < 0:

@@ -1,4 +1,5 @@
-"""outputs.jsonl: one JSON line a request, its prompt's and its output's token ids and text.
+"""outputs.jsonl: one JSON line a request (or a request's sample), its prompt's and its
+output's token ids and text.
 
 A whole Mooncake trace is 12,031 requests of 12k prompt tokens each: 1 GB of text, most of
 the time spent writing a run folder. Past `PARALLEL_TOKENS` token ids the lines are
@@ -40,19 +41,20 @@ def write_outputs(path: Path, seqs: Sequence[Request], texts: dict[str, str]) ->
 
 
 def line(s: Request, text: str) -> str:
-    return (
-        json.dumps(
-            {
-                "id": s.id,
-                "prompt_token_ids": list(s.spec.prompt_token_ids),
-                "output_token_ids": s.output_token_ids,
-                "text": text,
-                "finish_reason": s.finish_reason or ("rejected" if s.reject_reason else None),
-                "reject_reason": s.reject_reason,
-            }
-        )
-        + "\n"
-    )
+    """One request's line; one of a request's samples (`sampling.n`) also names the request
+    and its index."""
+    fields: dict[str, object] = {
+        "id": s.id,
+        "prompt_token_ids": list(s.spec.prompt_token_ids),
+        "output_token_ids": s.output_token_ids,
+        "text": text,
+        "finish_reason": s.finish_reason or ("rejected" if s.reject_reason else None),
+        "reject_reason": s.reject_reason,
+    }
+    if s.group is not None:
+        fields["request_id"] = s.group.request.id
+        fields["index"] = s.sample_index
+    return json.dumps(fields) + "\n"
 
 
 def _format_chunk(bounds: tuple[int, int]) -> bytes:

@@ -39,6 +39,7 @@ from framework.api.router import ClusterView, Router
 from framework.cluster.group import ReplicaResults, check_served_once, route
 from framework.cluster.outages import Outage, OutageRecord, parse_outages
 from framework.core.request import RequestSpec
+from framework.core.sample_group import sample_specs
 from framework.core.sequence import Sequence, Status
 from framework.engine.counters import Counters
 from framework.engine.loop import RunResult
@@ -155,6 +156,9 @@ class RayRunner:
 
     def run(self, specs: list[RequestSpec], eos_token_id: int | None) -> RunResult:
         ray = self.ray
+        # A request's samples (`sampling.n`) are placed as requests of their own: each
+        # collected, lost and placed again alone. They share no blocks, even on one replica.
+        specs = [s for spec in specs for s in sample_specs(spec)]
         self.specs = specs
         try:
             ray.get([a.start.remote() for a in self.actors])

@@ -32,7 +32,7 @@ from framework.executors.simulated.gpu.model_shape import ModelShape as Analytic
 from framework.executors.simulated.links import LinkSpec, host_links
 from framework.executors.simulated.load import load_cost_model
 from framework.executors.simulated.software import IDEAL, SoftwareClock, SoftwareProfile
-from framework.executors.simulated.swap_cost import SwapCost
+from framework.executors.simulated.swap_cost import BlockCopyCost, SwapCost
 from framework.executors.simulated.tokens import TokenStreams, read_replay
 from framework.run.config_checks import overlap_setting
 from framework.tracking.machine import cpu_info
@@ -187,11 +187,16 @@ def check_profile(cfg: DictConfig, cost: CostModel, path: str, shape: ModelShape
 
 
 def build_simulated(
-    cfg: DictConfig, shape: ModelShape, say: bool = True, swap_block_bytes: int = 0
+    cfg: DictConfig,
+    shape: ModelShape,
+    say: bool = True,
+    block_bytes: int = 0,
+    host_tier: bool = False,
 ) -> tuple[SimulatedExecutor, VirtualClock]:
     """The executor and the virtual clock of a simulated run (of one replica: `say` is
-    whether it says which profile it uses, once for a whole cluster). `swap_block_bytes`:
-    with a host KV tier, one block's bytes, which a swap copies over the host link."""
+    whether it says which profile it uses, once for a whole cluster). `block_bytes`: one KV
+    block's bytes, which a copy on the device (a fork's copy on write) and, with a host KV
+    tier (`host_tier`), a swap over the host link copy."""
     path = choose_profile(cfg, shape)
     x = cfg.executor
     cost: CostModel
@@ -241,12 +246,17 @@ def build_simulated(
     prep = getattr(cost, "prepare", None)
     prepare = prep.seconds if prep is not None and host is None else None
     readback = float(getattr(cost, "readback_s", 0.0))  # analytic profiles have none yet
-    swap = None
-    if swap_block_bytes:
-        layers = int(shape.config.num_hidden_layers)
-        swap = SwapCost(host_link(cfg, cost), 2 * layers, swap_block_bytes)
+    swap = copies = None
+    if block_bytes:
+        link = host_link(cfg, cost)
+        if host_tier:
+            swap = SwapCost(link, 2 * int(shape.config.num_hidden_layers), block_bytes)
+        hardware = getattr(cost, "hardware", None)
+        # A GPU's own memory, else (a profile measured on a CPU) the host's, one memory.
+        bandwidth = hardware.memory_bandwidth if hardware is not None else link.bandwidth
+        copies = BlockCopyCost(bandwidth, link.latency, block_bytes)
     executor = SimulatedExecutor(
-        cost, tokens, path, speed, compute, prepare, readback, overlap, software, swap
+        cost, tokens, path, speed, compute, prepare, readback, overlap, software, swap, copies
     )
     return executor, clock
 

@@ -135,6 +135,20 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "swapped_out_bytes": counters.swapped_out_bytes,
         "swapped_in_bytes": counters.swapped_in_bytes,
         "swap_fallbacks": counters.swap_fallbacks,
+        # parallel samples forked over one prompt (sampling.n): forks, the blocks they took
+        # shared, and the blocks copied for them to write (copy on write)
+        "forks": counters.forks,
+        "forked_blocks": counters.forked_blocks,
+        "cow_blocks": counters.cow_blocks,
+        # blocks saved by sharing over the blocks the tables would hold without it, as the
+        # vLLM paper's Fig. 15 (1 - 1 / the time-averaged references per block in use);
+        # forks and prefix-cache hits alike. Weighted by step times: on the wall clock a
+        # model run's varies a little with the machine.
+        "kv_sharing_saving": (
+            1.0 - counters.kv_in_use_s / counters.kv_sharing_ratio_s
+            if counters.kv_sharing_ratio_s > 0
+            else 0.0
+        ),
         "peak_blocks": result.peak_blocks,
         "num_blocks": result.num_blocks,
         "transfers": counters.transfers,
@@ -296,6 +310,9 @@ COUNT_KEYS = (
     "mean_batched",
     "preemptions",
     "recomputed_tokens",
+    "forks",
+    "forked_blocks",
+    "cow_blocks",
     "peak_blocks",
     "num_blocks",
     "transfers",

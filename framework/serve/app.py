@@ -203,37 +203,51 @@ async def generate(
 
 
 class Answer:
-    """One request's answer from its stream of events."""
+    """One request's answer from its stream of events: a choice for each of its samples
+    (`n`), each with its own text and finish."""
 
     def __init__(self, state: ServerState, stream: Stream, body: SamplingFields, chat: bool):
         self.state = state
         self.stream = stream
         self.body = body
         self.chat = chat
-        self.text = TextStream(state.tokenizer, body.stops())
-        self.received = 0  # tokens the engine released to this request
+        n = stream.spec.sampling.n
+        self.texts = [TextStream(state.tokenizer, body.stops()) for _ in range(n)]
+        self.received = [0] * n  # tokens the engine released to each choice
+        self.finishes: list[str | None] = [None] * n
         self.prompt_tokens = len(stream.spec.prompt_token_ids)
 
     @property
     def completion_tokens(self) -> int:
-        return self.text.tokens if self.text.stopped else self.received
+        return sum(
+            t.tokens if t.stopped else r for t, r in zip(self.texts, self.received, strict=True)
+        )
+
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finishes)
 
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, self.completion_tokens)
 
-    def take(self, event: Event) -> tuple[str, str | None]:
-        """An event's new text, and the answer's finish reason once it has one."""
+    def take(self, event: Event) -> tuple[int, str, str | None]:
+        """An event's choice, its new text, and the choice's finish reason once it has one."""
         if event.error is not None:
             raise RuntimeError(event.error)
-        self.received += len(event.tokens)
-        piece = self.text.add(event.tokens)
-        if self.text.stopped:
+        i = event.index
+        if self.finishes[i] is not None:  # a stop string ended it; the engine's end follows
+            return i, "", None
+        self.received[i] += len(event.tokens)
+        text = self.texts[i]
+        piece = text.add(event.tokens)
+        if text.stopped:
             if event.finish is None:  # the engine goes on until told: it is told now
-                self.state.loop.abort(self.stream, STOP_STRING)
-            return piece, "stop"
-        if event.finish is not None:
-            return piece + self.text.finish(), FINISH.get(event.finish, event.finish)
-        return piece, None
+                self.state.loop.abort(self.stream, STOP_STRING, index=i)
+            self.finishes[i] = "stop"
+        elif event.finish is not None:
+            piece += text.finish()
+            self.finishes[i] = FINISH.get(event.finish, event.finish)
+        return i, piece, self.finishes[i]
 
     async def whole(self, request: Request) -> Response:
         """Wait for the whole answer, or abort it if the client goes away first."""
@@ -250,25 +264,25 @@ class Answer:
             return Response(status_code=499)
         self.state.on_request_done()
         try:
-            text, finish = collect.result()
+            answers = collect.result()
         except RuntimeError as error:
             return errors.error_response(ApiError(500, str(error)))
         s = self.stream.spec
         return JSONResponse(
-            completion_body(s.id, self.state.model_name, text, finish, self.usage(), self.chat)
+            completion_body(s.id, self.state.model_name, answers, self.usage(), self.chat)
         )
 
-    async def _collect(self) -> tuple[str, str]:
-        parts = []
-        while True:
-            piece, finish = self.take(await self.stream.events.get())
-            parts.append(piece)
-            if finish is not None:
-                return "".join(parts), finish
+    async def _collect(self) -> list[tuple[str, str | None]]:
+        parts: list[list[str]] = [[] for _ in self.texts]
+        while not self.done:
+            i, piece, _ = self.take(await self.stream.events.get())
+            parts[i].append(piece)
+        return [("".join(p), f) for p, f in zip(parts, self.finishes, strict=True)]
 
     async def events(self) -> AsyncIterator[str]:
-        """The answer as server-sent events, `data: [DONE]` last. A client that goes away
-        mid-stream cancels this generator: its request is aborted."""
+        """The answer as server-sent events, `data: [DONE]` last; each chunk carries its
+        choice's index, as OpenAI's do for n > 1. A client that goes away mid-stream cancels
+        this generator: its request is aborted."""
         s = self.stream.spec
         model, chat = self.state.model_name, self.chat
         opts = self.body.stream_options
@@ -277,7 +291,7 @@ class Answer:
         created = int(time.time())
         complete = False
 
-        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+        def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
             body = chunk_body(
                 s.id,
                 model,
@@ -288,22 +302,22 @@ class Answer:
                 role,
                 self.usage() if every else None,
                 include_usage,
+                index=index,
             )
             return sse(body)
 
         try:
             if chat:
-                yield chunk("", None, role=True)
-            while True:
+                for i in range(len(self.texts)):
+                    yield chunk(i, "", None, role=True)
+            while not self.done:
                 try:
-                    piece, finish = self.take(await self.stream.events.get())
+                    i, piece, finish = self.take(await self.stream.events.get())
                 except RuntimeError as error:
                     yield sse(errors.error_body(500, str(error)))
                     break
                 if piece or finish is not None:
-                    yield chunk(piece, finish)
-                if finish is not None:
-                    break
+                    yield chunk(i, piece, finish)
             if include_usage:
                 yield sse(
                     chunk_body(

@@ -38,6 +38,7 @@ class Event:
 
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
+    index: int = 0  # which of the request's samples (choices) the tokens are of
     accepted: bool = False
     rejected: str | None = None
     error: str | None = None  # the engine loop stopped on a bug
@@ -51,8 +52,10 @@ class Stream:
         self.loop = loop
         self.received = received  # seconds since the server started, on the wall clock
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.seq: Sequence | None = None  # the engine's, once submitted (engine thread only)
-        self.sent = 0  # tokens handed to the handler so far
+        # The engine's sequences, once submitted (engine thread only): its samples, in
+        # index order; and the tokens of each handed to the handler so far.
+        self.seqs: list[Sequence] = []
+        self.sent: list[int] = []
 
     def put(self, event: Event) -> None:
         """From the engine thread: the handler's loop gets it in order."""
@@ -171,8 +174,9 @@ class EngineLoop:
             self._queued += 1
             self.inbox.put(("submit", stream))
 
-    def abort(self, stream: Stream, reason: str = ABORTED) -> None:
-        self.inbox.put(("abort", stream, reason))
+    def abort(self, stream: Stream, reason: str = ABORTED, index: int | None = None) -> None:
+        """End the request (`index`: only that sample of it)."""
+        self.inbox.put(("abort", stream, reason, index))
 
     def close(self) -> None:
         """Stop taking requests and abort what is still in flight; the loop then runs the
@@ -247,7 +251,7 @@ class EngineLoop:
             elif item[0] == "submit":
                 self._submit(item[1])
             else:
-                self._abort(item[1], item[2])
+                self._abort(item[1], item[2], item[3])
 
     def _arrival(self, stream: Stream) -> float:
         """When the request arrived on the engine's clock: at its receipt, on the wall
@@ -270,21 +274,24 @@ class EngineLoop:
             stream.put(Event(rejected="the server is shutting down"))
             return
         spec = dataclasses.replace(stream.spec, arrival=self._arrival(stream))
-        seq = self.engine.submit(spec, self.eos_token_id)
-        if seq.status is Status.REJECTED:
-            stream.put(Event(rejected=seq.reject_reason))
+        seqs = self.engine.submit(spec, self.eos_token_id)
+        if seqs[0].status is Status.REJECTED:  # its samples alike: one prompt, one length
+            stream.put(Event(rejected=seqs[0].reject_reason))
             return
-        stream.seq = seq
-        self.live[seq] = stream
+        stream.seqs, stream.sent = seqs, [0] * len(seqs)
+        for seq in seqs:
+            self.live[seq] = stream
         self._accepted += 1
         stream.put(Event(accepted=True))
 
-    def _abort(self, stream: Stream, reason: str) -> None:
-        seq = stream.seq
-        if seq is None or seq not in self.live:
-            return  # finished (or never accepted) before the abort came
-        self.engine.abort(seq, reason)
-        if seq.status is Status.RELEASED:  # it ended now; a running one at the next step
+    def _abort(self, stream: Stream, reason: str, index: int | None = None) -> None:
+        ended = False
+        for seq in stream.seqs if index is None else stream.seqs[index : index + 1]:
+            if seq not in self.live:
+                continue  # finished (or never accepted) before the abort came
+            self.engine.abort(seq, reason)
+            ended |= seq.status is Status.RELEASED  # now; a running one at the next step
+        if ended:
             self._publish()
 
     def _close(self) -> None:
@@ -312,9 +319,10 @@ class EngineLoop:
             out = seq.output_token_ids
             n = len(out)
             finish = seq.finish_reason
-            if n > stream.sent or finish is not None:
-                stream.put(Event(out[stream.sent : n], finish))
-                stream.sent = n
+            i = seq.sample_index
+            if n > stream.sent[i] or finish is not None:
+                stream.put(Event(out[stream.sent[i] : n], finish, index=i))
+                stream.sent[i] = n
             if finish is not None:
                 done.append(seq)
         for seq in done:

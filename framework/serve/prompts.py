@@ -87,6 +87,14 @@ class Prompts:
                     )
             else:
                 max_tokens = COMPLETION_MAX_TOKENS
+        rows = self.engine.limits.max_num_seqs
+        if body.n > rows:
+            raise ApiError(
+                400,
+                f"n={body.n} samples cannot run side by side in this server's {rows} rows "
+                "(engine.max_num_seqs)",
+                "n",
+            )
         stop_ids = tuple(body.stop_token_ids or ())
         bad = [t for t in stop_ids if not 0 <= t < self.vocab]
         if bad:
@@ -101,6 +109,7 @@ class Prompts:
             max_tokens=max_tokens,
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
+            n=body.n,
         )
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         return RequestSpec(f"{prefix}-{uuid.uuid4().hex}", ids, sampling)

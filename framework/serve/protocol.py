@@ -32,7 +32,7 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's
-    n: int = 1
+    n: int = Field(default=1, ge=1)  # choices: parallel samples over one prompt's KV
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's: exactly max_tokens tokens
@@ -45,8 +45,6 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for a value this server does not serve, else None."""
-        if self.n != 1:
-            return "n", "only n=1 is served"
         if self.presence_penalty or self.frequency_penalty:
             field = "presence_penalty" if self.presence_penalty else "frequency_penalty"
             return field, "penalties are not served (0 only)"
@@ -73,8 +71,12 @@ class CompletionRequest(SamplingFields):
     def unsupported(self) -> tuple[str, str] | None:
         if self.echo:
             return "echo", "echo is not served"
-        if self.best_of not in (None, 1):
-            return "best_of", "only best_of=1 is served"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of", (
+                f"best_of={self.best_of} with n={self.n}: ranking samples takes their "
+                "log-probabilities, which this server does not compute; best_of equal to n "
+                "(or none) is served"
+            )
         if self.suffix:
             return "suffix", "suffix is not served"
         return super().unsupported()
@@ -123,24 +125,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_body(
-    rid: str, model: str, text: str, finish: str | None, use: dict[str, int] | None, chat: bool
+    rid: str,
+    model: str,
+    answers: list[tuple[str, str | None]],
+    use: dict[str, int] | None,
+    chat: bool,
 ) -> dict[str, Any]:
-    """A whole answer (`stream=false`)."""
-    if chat:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    """A whole answer (`stream=false`): one choice for each (text, finish) in `answers`."""
+    choices: list[dict[str, Any]] = []
+    for index, (text, finish) in enumerate(answers):
+        if chat:
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        choices.append(choice)
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
     }
 
@@ -156,9 +165,10 @@ def chunk_body(
     use: dict[str, int] | None = None,
     with_usage: bool = False,
     choices: bool = True,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One server-sent event of a stream: a piece of text, the finish, or (no choices) the
-    usage chunk that `stream_options.include_usage` asks for last."""
+    """One server-sent event of a stream: a piece of choice `index`'s text, its finish, or
+    (no choices) the usage chunk that `stream_options.include_usage` asks for last."""
     body: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk" if chat else "text_completion",
@@ -173,9 +183,9 @@ def chunk_body(
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": index, "text": text or "", "logprobs": None}
         choice["finish_reason"] = finish
         body["choices"] = [choice]
     if with_usage:

@@ -37,6 +37,7 @@ def check_sampling(cfg: WorkloadConfig) -> None:
     require_at_least("seed", cfg.seed, 0)  # numpy's seeding refuses negative seeds
     require_at_least("temperature", cfg.temperature, 0)
     require_at_least("top_k", cfg.top_k, 0)
+    require_at_least("n", cfg.n, 1)
     if not 0.0 < cfg.top_p <= 1.0:
         raise ValueError(f"workload.top_p must be in (0, 1]; got {cfg.top_p}")
 
@@ -56,6 +57,7 @@ def sampling_for(
         "seed": cfg.seed + index,
         "max_tokens": max_tokens,
         "ignore_eos": ignore_eos,
+        "n": cfg.n,
     }
     fields.update(overrides)
     return SamplingParams(**fields)

@@ -22,7 +22,8 @@ class WorkloadConfig:
     """Fields every workload shares: what it is and how its requests sample.
 
     Request i (in the order the workload defines them) samples with seed `seed + i`, so a
-    run is reproducible and no two requests share a random stream.
+    run is reproducible and no two requests share a random stream. `n` > 1 asks for that
+    many samples of each request (parallel sampling), run over one copy of its prompt's KV.
     """
 
     kind: str = MISSING
@@ -30,6 +31,7 @@ class WorkloadConfig:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    n: int = 1
 
 
 @dataclass

@@ -5,11 +5,12 @@ One JSON object per line (blank lines are skipped):
     {"prompt": "Why is the sea salty?", "max_tokens": 64}
     {"prompt": "Once upon a time", "max_tokens": 32, "chat": false, "arrival": 1.5,
      "temperature": 0.8, "top_p": 0.95, "top_k": 50, "seed": 7, "ignore_eos": true,
-     "priority": -1}
+     "priority": -1, "n": 4}
 
 `prompt` and `max_tokens` are required. The rest default to the workload's values; `seed`
 defaults to `workload.seed + i` for the i-th request, `arrival` to 0, `ignore_eos` to false,
-`priority` to 0 (lower is more urgent; only priority-aware policies read it), and `chat`
+`priority` to 0 (lower is more urgent; only priority-aware policies read it), `n` (samples
+of the prompt, parallel sampling) to the workload's, and `chat`
 (apply the chat template) to `workload.chat`. Unknown keys are errors, so a typo
 such as `max_token` is caught instead of silently falling back to a default.
 """
@@ -37,6 +38,7 @@ _KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "top_p": ((int, float), "a number"),
     "top_k": ((int,), "an integer"),
     "seed": ((int,), "an integer"),
+    "n": ((int,), "an integer"),
     "arrival": ((int, float), "a number"),
     "ignore_eos": ((bool,), "true or false"),
     "chat": ((bool,), "true or false"),
@@ -85,7 +87,7 @@ def read_jsonl(cfg: JsonlWorkloadConfig) -> list[tuple[dict[str, Any], SamplingP
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
             overrides = {
-                k: record[k] for k in ("temperature", "top_p", "top_k", "seed") if k in record
+                k: record[k] for k in ("temperature", "top_p", "top_k", "seed", "n") if k in record
             }
             try:
                 sampling = sampling_for(

@@ -12,7 +12,7 @@ from framework.engine.executor import ExecResult
 from framework.executors.simulated.cost import CostModel
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.software import SoftwareClock
-from framework.executors.simulated.swap_cost import SwapCost
+from framework.executors.simulated.swap_cost import BlockCopyCost, SwapCost
 from framework.executors.simulated.tokens import TokenStreams
 
 
@@ -32,6 +32,7 @@ class SimulatedExecutor:
         overlap: bool = False,
         software: SoftwareClock | None = None,
         swap: SwapCost | None = None,
+        copies: BlockCopyCost | None = None,
     ) -> None:
         self.cost = cost
         self.tokens = tokens
@@ -67,6 +68,9 @@ class SimulatedExecutor:
         self.software = software
         # What a swap's block copies cost over the host link (None: no host tier).
         self.swap = swap
+        # What a step's copies on the device cost (a fork's copy on write; None: not priced,
+        # for an executor built without its model's block size).
+        self.copies = copies
 
     def describe(self) -> dict[str, str]:
         out = {"executor": "simulated", "cost_model": self.cost.kind, "profile": self.profile}
@@ -87,6 +91,8 @@ class SimulatedExecutor:
             out["api_server"] = "in the engine's process" if self.software.api_server else "none"
         if self.swap is not None:
             out["host_link"] = self.swap.describe()
+        if self.copies is not None:
+            out["block_copies"] = self.copies.describe()
         return out
 
     def swap_seconds(self, blocks: int) -> float:
@@ -124,9 +130,12 @@ class SimulatedExecutor:
         )
 
     def _swap_s(self, batch: StepBatch) -> float:
+        """The step's block copies: between the tiers over the host link, and on the
+        device (copies on write)."""
         swaps = batch.swaps
+        on_device = self.copies.seconds(len(batch.copies)) if self.copies is not None else 0.0
         if not swaps:
-            return 0.0
+            return on_device
         if self.swap is None:
             raise RuntimeError("a step asks for KV swaps of a simulator with no host link")
-        return self.swap.seconds(len(swaps.out)) + self.swap.seconds(len(swaps.into))
+        return self.swap.seconds(len(swaps.out)) + self.swap.seconds(len(swaps.into)) + on_device

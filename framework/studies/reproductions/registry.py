@@ -49,6 +49,13 @@ REPRODUCTIONS: dict[str, Entry] = {
             "framework.studies.reproductions.vllm_preemption",
         ),
         Entry(
+            "vllm_sharing",
+            "vLLM / PagedAttention (SOSP 2023, Kwon et al.)",
+            "Fig. 15 (memory saved by sharing a request's samples' prompt) and Fig. 14 "
+            "(sustainable rates of parallel sampling); beam search not built",
+            "framework.studies.reproductions.vllm_sharing",
+        ),
+        Entry(
             "sarathi_capacity",
             "Sarathi-Serve (OSDI 2024, Agrawal et al.)",
             "Fig. 10 / artifact figure-5-6 (capacity of Mistral-7B under strict and relaxed "
