@@ -113,6 +113,10 @@ def test_forks_share_the_prompts_full_blocks_and_copy_the_one_they_write(tiny: A
     assert c.cow_blocks == 2 * 2
     # a fork computes the prompt's last token only
     assert c.prefill_tokens == sum(len(p) for p in PROMPTS) + c.forks
+    # the steps (steps.csv) carry the copies and the references above the blocks in use
+    assert sum(s.copied_blocks for s in res.steps) == c.cow_blocks
+    assert max(s.block_references - s.blocks_in_use for s in res.steps) >= 2 * 5
+    assert all(s.block_references >= s.blocks_in_use for s in res.steps)
 
 
 def test_the_simulator_forks_as_the_model_does(tiny: Any) -> None:

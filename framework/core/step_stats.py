@@ -57,6 +57,11 @@ class StepStats:
     # this step's forward (`engine.host_kv_memory_mb`; their seconds are the `swap` phase)
     swapped_out: int = 0
     swapped_in: int = 0
+    # Sharing: the block references the tables hold (forked samples and prefix-cache hits
+    # share blocks: above `blocks_in_use` by the blocks saved), and the blocks copied on the
+    # device before this step's forward (a fork's copy on write)
+    block_references: int = 0
+    copied_blocks: int = 0
     phase_s: dict[str, float] = field(default_factory=dict)
 
     def values(self) -> tuple[Any, ...]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from framework.api.policy import PolicyError, Scheduler, overrides
+from framework.api.policy import Scheduler, overrides
 from framework.core.request import RequestSpec
 from framework.core.sequence import ABORTED, Sequence, Status, sequences_for
 from framework.core.step_stats import StepStats
@@ -280,7 +280,7 @@ class Engine:
         bs, allocator = self.pool.block_size, self.p.allocator
         n = allocator.blocks_to_admit(seq, bs)
         if not isinstance(n, int) or n * bs < seq.num_tokens:
-            raise self._fail(
+            raise self.planner.fail(
                 "allocator", f"priced {seq.id}'s {seq.num_tokens} arriving tokens at {n!r} blocks"
             )
         if not self.pool.can_place([n]) or not allocator.admits(
@@ -350,7 +350,7 @@ class Engine:
         self._notify(self.held.take()[1])
         q = self.planner
         if q.waiting and not q.pending and not q.parking:
-            raise self._fail(
+            raise self.planner.fail(
                 "scheduler",
                 f"admitted nothing while the engine is idle and {len(q.waiting)} requests wait",
             )
@@ -382,11 +382,10 @@ class Engine:
         self, plan: StepPlan, batch: StepBatch, result: ExecResult, ready_at: float
     ) -> tuple[int, int]:
         """Every change the forward makes, in one place: each planned row's computed
-        positions advance and its written blocks are published; its sampled token is held
-        on the device; the output policy keeps the newest held steps there and the rest come
-        home and reach their requests (stops, finishes and hand-offs: `HeldTokens.apply`);
-        the rows done here are handed off; the counters. Returns the rows whose token nobody
-        keeps, and the token states the rows' blocks hold."""
+        positions advance, its written blocks published, its sampled token held on the
+        device; the output policy keeps the newest held steps there, the rest reach their
+        requests (`HeldTokens.apply`); rows done here are handed off. Returns the rows whose
+        token nobody keeps, and the token states the rows' blocks hold."""
         rows = plan.rows
         wasted = states = 0
         unkept: list[bool] = []  # rows whose token nobody keeps
@@ -411,7 +410,7 @@ class Engine:
         held = tokens.count
         keep = self.p.output.keep(tokens.view(len(self.steps), rows))
         if not 0 <= keep <= held:
-            raise self._fail("output", f"asked to keep {keep} of {held} held steps")
+            raise self.planner.fail("output", f"asked to keep {keep} of {held} held steps")
         drained = tokens.drain(held - keep)
         self.timer.lap("output")
         tokens.apply(drained)
@@ -444,6 +443,8 @@ class Engine:
             held_steps=self.held.count,
             swapped_out=len(plan.swaps.out),
             swapped_in=len(plan.swaps.into),
+            block_references=self.pool.references(),
+            copied_blocks=len(plan.copies),
             window=self.p.output.window(),  # after `keep`, which may have moved it
             phase_s=self.timer.phases,
         )
@@ -465,6 +466,3 @@ class Engine:
     def _notify(self, finished: list[Sequence]) -> None:
         for seq in finished:
             self.hooks.on_request_finished(request=seq)
-
-    def _fail(self, group: str, msg: str) -> PolicyError:
-        return self.planner.fail(group, msg)
