@@ -191,6 +191,9 @@ def test_same_behaviour_names_the_first_difference() -> None:
     other = {"counts": run["counts"], "tokens": {"r0": [1, 2], "r1": [4]}}
     assert same(run, other) == "r1's tokens differ"
     assert same(run, {"failed": "exit 2: boom"}) == "this tree's run failed: exit 2: boom"
+    # a count the base does not report (added since) is no difference
+    newer = {"counts": {**run["counts"], "forks": None}, "tokens": run["tokens"]}
+    assert same(newer, {"counts": {**run["counts"], "forks": 0}, "tokens": run["tokens"]}) is None
 
 
 def test_same_speed_alternates_processes_over_the_same_counts(tmp_path: Path) -> None:
