@@ -207,7 +207,7 @@ def draw(png: Path, saving: dict[str, float], capacity: dict[str, dict[int, Any]
         xlabel="samples per request",
         ylabel="sustainable rate (req/s)",
         xticks=xs,
-        title=f"Fig. 14: Alpaca, normalized latency <= {BOUND:g} s/token (simulated)",
+        title=f"Fig. 14: Alpaca, <= {BOUND:g} s/token (simulated)",
     )
     b.legend(fontsize=8)
     save_figure(fig, png)
