@@ -561,5 +561,8 @@ def test_n_choices_whole_and_streamed_with_their_indices(tiny, tmp_path) -> None
             for choice in p.choices:
                 said[choice.index] += choice.delta.content or ""
         assert said[0] == said[1]
+        text = httpx.get(f"{s.url}/metrics", timeout=10).text
+        done = [x for x in text.splitlines() if x.startswith("nanoserve:request_success_total")]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in done) == 4  # requests, not samples
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["forks"] >= 2 + 1 + 1 + 1

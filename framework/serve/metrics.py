@@ -140,20 +140,28 @@ class ServerMetrics:
         self.refused.labels(self.model_name, str(status)).inc()
 
     def finished(self, seq: Sequence) -> None:
-        """A request finished (from the engine thread): its latencies, unless aborted."""
-        if seq.finish_reason == ABORTED:
+        """A request finished (from the engine thread): its latencies, unless aborted. A
+        request of several samples (`n`) finishes with its last sample: counted once, its
+        first token the first of any sample, its end the last one's, and every sample's
+        gaps between tokens."""
+        members = seq.group.members if seq.group is not None else [seq]
+        if any(s.finish_reason is None for s in members) or seq.finish_reason == ABORTED:
             return
+        if seq is not max(members, key=lambda s: (s.finished_at or 0.0, s.sample_index)):
+            return  # samples that finish together are announced together: counted by one
         m = self.model_name
         reason = "stop" if seq.finish_reason == "stop_string" else seq.finish_reason
         self.success.labels(m, reason).inc()
-        if seq.first_token_at is not None:
-            self.ttft.labels(m).observe(seq.first_token_at - seq.arrival)
-        times = seq.token_times
+        firsts = [s.first_token_at for s in members if s.first_token_at is not None]
+        if firsts:
+            self.ttft.labels(m).observe(min(firsts) - seq.arrival)
         tpot = self.tpot.labels(m)
-        for a, b in itertools.pairwise(times):
-            tpot.observe(b - a)
-        if seq.finished_at is not None:
-            self.e2e.labels(m).observe(seq.finished_at - seq.arrival)
+        for s in members:
+            for a, b in itertools.pairwise(s.token_times):
+                tpot.observe(b - a)
+        ends = [s.finished_at for s in members if s.finished_at is not None]
+        if ends:
+            self.e2e.labels(m).observe(max(ends) - seq.arrival)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
