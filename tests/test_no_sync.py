@@ -2,10 +2,11 @@
 of the held tokens (`SyncWatch`: reads of device values, boolean indexing, blocking copies),
 on the tiny model: decode rows through nanoserve's paged kernel and through the gather path,
 prefill over cached context (prefix caching, chunked prefill), held inputs under deferred
-output, and sampled rows with top-k and top-p."""
+output, sampled rows with top-k and top-p, and log-probabilities of a prompt and its answer."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -29,6 +30,8 @@ def workload() -> list[RequestSpec]:
         spec(4, [*SHARED, 1, 2], 5),
         spec(5, [*SHARED, 3, 4, 5], 5),  # its head cached by r4's (prefix caching)
         RequestSpec("s", [7] * 9, sampled),
+        # log-probabilities of a drawn answer and of its prompt (`framework.engine.scores`)
+        RequestSpec("l", [*SHARED, 6], replace(sampled, logprobs=3, prompt_logprobs=2)),
     ]
 
 
@@ -53,7 +56,9 @@ def test_no_step_waits_and_each_drain_waits_once(tiny: tuple[Any, Any], override
     engine.executor.execute = watched(engine.executor.execute, forwards)
     engine.readback.fetch = watched(engine.readback.fetch, drains)
     result = engine.run(workload(), tokenizer.eos_token_id)
-    assert len(result.seqs) == 7 and all(s.finish_reason for s in result.seqs)
+    assert len(result.seqs) == 8 and all(s.finish_reason for s in result.seqs)
+    scored = next(s for s in result.seqs if s.id == "l")
+    assert None not in scored.output_logprobs and None not in scored.prompt_logprobs[1:]
     assert forwards and not any(forwards), forwards
     assert drains and all(len(calls) <= 1 for calls in drains), drains
 

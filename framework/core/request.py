@@ -28,6 +28,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # True forces exactly max_tokens (trace replay)
     n: int = 1  # samples of the prompt
+    # Log-probabilities read back with the tokens (`framework.engine.scores`): None asks
+    # for none; k >= 0 for each sampled token's and its k most likely alternatives';
+    # `prompt_logprobs` the same for every prompt token after the first (its prompt is
+    # then computed whole, never taken from the prefix cache).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -40,6 +46,10 @@ class SamplingParams:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"sampling.n must be an integer >= 1, got {self.n!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+                raise ValueError(f"sampling.{name} must be None or an integer >= 0, got {k!r}")
 
     @property
     def greedy(self) -> bool:

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from framework.core.request import RequestSpec, SamplingParams
 from framework.core.sample_group import sample_specs
+
+if TYPE_CHECKING:
+    from framework.core.token_logprob import TokenLogprob
 
 
 class Status(enum.Enum):
@@ -98,6 +102,11 @@ class Sequence:
     # which sample it is; None for a request of one sample.
     group: SampleGroup | None = field(default=None, repr=False)
     sample_index: int = 0
+    # Log-probabilities where the request asks for them (`framework.engine.scores`): one
+    # entry (or None, not scored) per prompt position (position 0 never is) and per output
+    # token, by index.
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list, repr=False)
+    output_logprobs: list[TokenLogprob | None] = field(default_factory=list, repr=False)
     # Fixed by the spec (and the hand-off), read several times per row per step: set once.
     prompt_len: int = field(init=False, repr=False)
     # The tokens that end this request: its stop ids, and EOS unless it is ignored.
@@ -213,6 +222,8 @@ class Sequence:
         copy = Sequence(self.spec, self.eos_token_id, Status.PARKED if kv_sent else Status.WAITING)
         copy.output_token_ids = list(self.output_token_ids)
         copy.token_times = list(self.token_times)
+        copy.prompt_logprobs = list(self.prompt_logprobs)
+        copy.output_logprobs = list(self.output_logprobs)
         if kv_sent:
             copy.num_computed = copy.prefill_end = self.num_computed
             copy.carried = len(self.output_token_ids)

@@ -35,6 +35,10 @@ class Row:
     # Whether the row computes prefill (prompt, or recomputed) tokens, as the engine counts
     # them; None (rows made by hand): any row that is not a decode by shape.
     prefill: bool | None = None
+    # A prompt chunk of a request that asks for prompt log-probabilities: the prompt's next
+    # token after each of the row's first len(prompt_targets) queries, scored from their
+    # logits (`framework.engine.scores`). None for every other row.
+    prompt_targets: list[int] | None = None
 
     @property
     def is_decode(self) -> bool:

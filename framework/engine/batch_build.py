@@ -104,6 +104,7 @@ class BatchBuilder:
                     continue
                 start = seq.num_computed
                 table = seq.block_table
+                targets = None
                 if seq.num_held:
                     if not from_device:
                         raise InvariantError(f"{seq.id}'s input token is held but its rows changed")
@@ -121,6 +122,9 @@ class BatchBuilder:
                     else:
                         tokens = seq.tokens_between(start, start + n)
                     end = start + len(tokens)
+                    if sampling.prompt_logprobs is not None and start < seq.prompt_len - 1:
+                        # scored again on a recompute: the same entries (`engine.scores`)
+                        targets = spec.prompt_token_ids[start + 1 : min(end + 1, seq.prompt_len)]
                     if map_slots:
                         row_slots = slots(table, start, end, bs)
                     elif (end - 1) // bs >= len(table):  # the check `slots` makes, alone
@@ -144,6 +148,7 @@ class BatchBuilder:
                         False,
                         samples,
                         prefill,
+                        targets,
                     )
                 )
                 num_tokens += q

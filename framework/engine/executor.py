@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
 
     from framework.engine.batch import StepBatch
+    from framework.engine.scores import Scores
 
 # What the parts of a device span time, in order: the forward, then the sampler.
 SPAN_PARTS = ("forward", "sample")
@@ -58,6 +59,9 @@ class ExecResult:
     # device seconds, read when the step's tokens are drained. None where the host's
     # seconds are the device's (a CPU, a simulator).
     span: Span | None = None
+    # The log-probabilities the step's rows asked for (`framework.engine.scores`), on the
+    # device like the tokens; None where no row asked, or the executor computes none.
+    scores: Scores | None = None
 
 
 class Executor(Protocol):

@@ -33,6 +33,7 @@ from framework.engine.view_factory import make_frozen
 
 if TYPE_CHECKING:
     from framework.engine.executor import ExecResult, Span
+    from framework.engine.scores import Scores
     from framework.engine.step_log import StepLog
 
 # What a run's description says when its forward and sampling seconds are the device's
@@ -54,6 +55,7 @@ class HeldStep:
     # The step's forward seconds: a layer-wise KV transfer of a request handed off from
     # this step overlaps its layers (`framework.cluster.handoffs`).
     forward_s: float = 0.0
+    scores: Scores | None = None  # the log-probabilities its rows asked for
 
     @property
     def kept_rows(self) -> int:
@@ -149,8 +151,8 @@ class HeldTokens:
         at: float,
     ) -> None:
         """A step's sampled tokens join the held steps; their copy home starts now."""
-        pending = self.readback.start(result.tokens)
-        held = HeldStep(rows, unkept, pending, window, at, result.forward_s)
+        pending = self.readback.start(result.tokens, result.scores)
+        held = HeldStep(rows, unkept, pending, window, at, result.forward_s, result.scores)
         self.on_device.append(held)
         if result.span is not None:
             self.unread.append((len(self.log), held, result.span))
@@ -273,6 +275,8 @@ class HeldTokens:
                     seq.status = Status.FINISHED
                     seq.finished_at = now
                     finished.append(seq)
+            if h.scores is not None:  # after its tokens: an entry goes where a token went
+                h.scores.deliver(h.rows)
         counters.tokens_kept += kept
         self.kept += kept
 

@@ -54,9 +54,12 @@ class Lookups:
         """`view.cached_tokens`: `seq`'s leading tokens in the prefix cache now, or, for a
         sample that can fork, its prompt but the last token. A waiting request's forward
         would skip them: recorded as its cached prefix until the next choice of
-        admissions."""
+        admissions. A request that asks for its prompt's log-probabilities takes nothing
+        from the prefix cache: each prompt position it computes is scored."""
         if seq.group is not None and self.fork_source(seq) is not None:
             n = seq.prompt_len - 1
+        elif seq.sampling.prompt_logprobs is not None:  # every prompt position is scored
+            n = 0
         else:
             n = len(self.pool.cached_blocks(seq)) * self.pool.block_size
         if seq.status is Status.WAITING and seq.cached_prefix != n:
@@ -112,6 +115,8 @@ class Lookups:
         n: int = self.p.allocator.blocks_to_admit(seq, self.pool.block_size)
         if seq.group is not None and self.fork_source(seq) is not None:
             return n - (seq.prompt_len - 1) // self.pool.block_size  # held by its source
+        if seq.sampling.prompt_logprobs is not None:  # takes nothing cached (`cached_tokens`)
+            return n
         return n - self.pool.in_use(self.pool.cached_blocks(seq))
 
     def preemption_costs(self, seq: Sequence) -> PreemptionCosts | None:

@@ -10,9 +10,12 @@ serialising with it, and a drain only waits for copies that are (usually) alread
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from framework.engine.scores import Scores
 
 
 @dataclass
@@ -29,8 +32,10 @@ class Readback:
         self.overlap = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.overlap else None  # type: ignore[no-untyped-call]
 
-    def start(self, tokens: torch.Tensor | list[int]) -> Pending:
-        """Begin moving one step's tokens home (a no-op where there is no second stream)."""
+    def start(self, tokens: torch.Tensor | list[int], scores: Scores | None = None) -> Pending:
+        """Begin moving one step's tokens home (a no-op where there is no second stream),
+        and its log-probabilities where it has them: their tensors are swapped for pinned
+        host copies in flight, read (`Scores.home`) once the step's copy is waited for."""
         if not self.overlap or isinstance(tokens, list):
             return Pending(tokens)
         assert self.stream is not None
@@ -40,6 +45,13 @@ class Readback:
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             host.copy_(tokens, non_blocking=True)
+            if scores is not None:
+                for name in ("logprob", "top_ids", "top_logprobs"):
+                    value = getattr(scores, name)
+                    copy = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                    copy.copy_(value, non_blocking=True)
+                    value.record_stream(self.stream)
+                    setattr(scores, name, copy)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         tokens.record_stream(self.stream)

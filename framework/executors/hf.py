@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from framework.engine.batch import HELD, StepBatch
 from framework.engine.executor import ExecResult
 from framework.engine.kv_cache import KVCache
+from framework.engine.scores import layout
 from framework.executors.cache_lease import Lease
 from framework.executors.decode_graphs import DecodeGraphs, Forward, StaticInputs, buckets
 from framework.executors.device_time import DeviceSpan
@@ -30,12 +31,20 @@ from framework.executors.kernel_choice import (
     choose_linears,
 )
 from framework.executors.kernels.argmax import kernel_argmax
+from framework.executors.logprobs import keep_scored, score
 from framework.executors.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
 from framework.executors.sampler import sample
+
+# Where a step's logits are read when some row scores prompt positions: each row's last
+# query among the kept ones (None: every kept logit is a row's, as in a bucket's step), and
+# the scored prompt positions, in order.
+Picks = tuple[torch.Tensor | None, torch.Tensor]
 
 
 class HFExecutor:
     """Runs a Hugging Face causal LM over one packed sequence with paged attention."""
+
+    scores = True  # computes the log-probabilities rows ask for (`framework.engine.scores`)
 
     def __init__(
         self,
@@ -128,12 +137,13 @@ class HFExecutor:
         return graphs
 
     def _paged(
-        self, batch: StepBatch
-    ) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, batch: StepBatch, scores_prompt: bool = False
+    ) -> tuple[PagedBatch, torch.Tensor, torch.Tensor, torch.Tensor, Picks | None]:
         """The step's tensors from its rows. Host work before every forward, so built with
         one pass over the rows and one conversion per tensor (`_longs`): on a GPU a small
         model's decode step takes a few milliseconds, and a tensor a row (the block tables)
-        costs milliseconds of its own at a hundred rows."""
+        costs milliseconds of its own at a hundred rows. `scores_prompt`: some row scores
+        prompt positions, whose logits are kept too (`Picks`)."""
         dev = self.device
         bs = self.cache.block_size
         ids: list[int] = []
@@ -212,8 +222,13 @@ class HFExecutor:
                 at = _send(_longs(held_at), dev)
                 input_ids[0, at] = src[_send(_longs(held_rows), dev)]
         position_ids = _send(_longs(pos).view(1, -1), dev)
+        picks = None
+        if scores_prompt:
+            kept, pick, scored = keep_scored(batch.rows, last)
+            last = kept
+            picks = (_send(_longs(pick), dev), _send(_longs(scored), dev))
         keep = _send(_longs(last), dev)
-        return paged, input_ids, position_ids, keep
+        return paged, input_ids, position_ids, keep, picks
 
     def describe(self) -> dict[str, str]:
         """The executor, and the kernels this machine got: what ran, how it was decided
@@ -262,14 +277,19 @@ class HFExecutor:
         rows = len(batch.rows)
         decode = rows if batch.decode_rows == rows else 0  # its device seconds fit row_s
         graphs = self.graphs
+        plan = layout(batch.rows)  # the log-probabilities asked for: None, mostly
+        picks: Picks | None = None
         if graphs is not None and graphs.fits(batch):  # decode rows alone: a bucket serves
             bucket, n = graphs.stage(batch)
             t0 = time.perf_counter()
             span = DeviceSpan.begin(self.device, decode)  # CUDA: the device's seconds
             logits = graphs.launch(bucket, n)
             self.graph_steps += 1
+            if plan is not None and plan.prompt:  # one-query prompt chunks: a row each
+                picks = (None, _send(_longs([i for i, _, _ in plan.prompt]), self.device))
         else:
-            paged, input_ids, position_ids, keep = self._paged(batch)
+            prompt = plan is not None and bool(plan.prompt)
+            paged, input_ids, position_ids, keep, picks = self._paged(batch, prompt)
             t0 = time.perf_counter()
             span = DeviceSpan.begin(self.device, decode)
             out = self.model(
@@ -283,7 +303,15 @@ class HFExecutor:
         t1 = time.perf_counter()
         if span is not None:  # the forward's device time ends, the sampler's begins
             span.mark()
+        prompt_logits = None
+        if picks is not None:  # the prompt positions scored, and the rows' last logits
+            pick, scored = picks
+            prompt_logits = logits.index_select(0, scored)
+            logits = logits if pick is None else logits.index_select(0, pick)
         tokens = sample(logits.float(), batch.rows, self._argmax)
+        scores = None
+        if plan is not None:
+            scores = score(batch.rows, plan, logits, tokens, prompt_logits)
         if span is not None:
             span.mark()
         if batch.prefill_tokens:
@@ -296,6 +324,7 @@ class HFExecutor:
             prepare_s=t0 - t_prep,
             span=span,
             swap_s=swap_s,
+            scores=scores,
         )
 
 

@@ -79,7 +79,7 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return torch.empty_like(logits).scatter_(1, order, ordered)
 
 
-def _on(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+def to_device(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
     """A small host list on `device` without a sync: pinned, copied asynchronously (the
     caching host allocator keeps the pinned block until its copy is done)."""
     host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
@@ -100,11 +100,11 @@ def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) 
         return tokens
     dev = logits.device
     params = [rows[i].sampling for i in drawn]
-    at = _on(dev, drawn, torch.long)
-    temperature = _on(dev, [sp.temperature for sp in params], torch.float32)
-    top_k = _on(dev, [sp.top_k for sp in params], torch.long)
-    top_p = _on(dev, [sp.top_p for sp in params], torch.float32)
-    seeds = _on(dev, [draw_seed(rows[i].sampling.seed, rows[i].token_index) for i in drawn],
+    at = to_device(dev, drawn, torch.long)
+    temperature = to_device(dev, [sp.temperature for sp in params], torch.float32)
+    top_k = to_device(dev, [sp.top_k for sp in params], torch.long)
+    top_p = to_device(dev, [sp.top_p for sp in params], torch.float32)
+    seeds = to_device(dev, [draw_seed(rows[i].sampling.seed, rows[i].token_index) for i in drawn],
                 torch.long)  # fmt: skip
     scaled = logits.index_select(0, at).float() / temperature[:, None]
     filtered = filter_logits(scaled, top_k, top_p)

@@ -219,6 +219,13 @@ def check_run(cfg: Any) -> None:
             f"workload.n={n} samples of a request cannot run side by side in "
             f"engine.max_num_seqs={cfg.engine.max_num_seqs} rows; raise it, or lower n"
         )
+    for name in ("logprobs", "prompt_logprobs"):
+        asked = OmegaConf.select(cfg, f"workload.{name}", default=None)
+        if asked is not None and cfg.executor.name == "simulated":
+            raise ValueError(
+                f"workload.{name}={asked}: a simulated executor has no logits to score; "
+                "use executor=model, or leave it null"
+            )
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")
     if cfg.print_limit is not None and cfg.print_limit < 0:

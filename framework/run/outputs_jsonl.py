@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from framework.core.sequence import Sequence as Request
+from framework.core.token_logprob import TokenLogprob
 from framework.run.forked import chunked, encoded, in_order
 
 PARALLEL_TOKENS = 2_000_000  # fewer: one process (a fork and its workers cost more than they save)
@@ -54,7 +55,23 @@ def line(s: Request, text: str) -> str:
     if s.group is not None:
         fields["request_id"] = s.group.request.id
         fields["index"] = s.sample_index
+    sp = s.sampling
+    if sp.logprobs is not None:
+        fields["logprobs"] = logprob_entries(s.output_token_ids, s.output_logprobs)
+    if sp.prompt_logprobs is not None:  # one copy of the prompt: its first sample's
+        scored = s.group.leader if s.group is not None else s
+        fields["prompt_logprobs"] = logprob_entries(s.spec.prompt_token_ids, scored.prompt_logprobs)
     return json.dumps(fields) + "\n"
+
+
+def logprob_entries(tokens: Sequence[int], book: Sequence[TokenLogprob | None]) -> list[object]:
+    """Each token's entry, as vLLM writes them: {"token", "logprob", "top": [[id, logprob],
+    ...]}, or null where it was not scored (a prompt's first token)."""
+    out: list[object] = []
+    for i, token in enumerate(tokens):
+        e = book[i] if i < len(book) else None
+        out.append(None if e is None else {"token": token, "logprob": e.logprob, "top": e.top})
+    return out
 
 
 def _format_chunk(bounds: tuple[int, int]) -> bytes:

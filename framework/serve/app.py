@@ -19,6 +19,7 @@ from framework.core.sequence import STOP_STRING
 from framework.serve import errors
 from framework.serve.engine_loop import EngineLoop, Event, Stream
 from framework.serve.errors import ApiError
+from framework.serve.logprobs import Logprobs, joined
 from framework.serve.metrics import CONTENT_TYPE, ServerMetrics
 from framework.serve.prompts import Prompts
 from framework.serve.protocol import (
@@ -211,11 +212,16 @@ class Answer:
         self.stream = stream
         self.body = body
         self.chat = chat
-        n = stream.spec.sampling.n
+        sp = stream.spec.sampling
+        n = sp.n
         self.texts = [TextStream(state.tokenizer, body.stops()) for _ in range(n)]
         self.received = [0] * n  # tokens the engine released to each choice
         self.finishes: list[str | None] = [None] * n
         self.prompt_tokens = len(stream.spec.prompt_token_ids)
+        self.started = [False] * n  # a choice's first event seen (an echo goes before it)
+        self.echo = echo_text(state.tokenizer, body, stream.spec.prompt_token_ids)
+        self.scored = sp.logprobs is not None
+        self.shapes = [Logprobs(state.tokenizer, chat) for _ in range(n)]
 
     @property
     def completion_tokens(self) -> int:
@@ -230,16 +236,32 @@ class Answer:
     def usage(self) -> dict[str, int]:
         return usage(self.prompt_tokens, self.completion_tokens)
 
-    def take(self, event: Event) -> tuple[int, str, str | None]:
-        """An event's choice, its new text, and the choice's finish reason once it has one."""
+    def take(self, event: Event) -> tuple[int, str, str | None, dict[str, Any] | None]:
+        """An event's choice, its new text (after the echoed prompt, on a choice's first),
+        the choice's finish reason once it has one, and its tokens' log-probabilities where
+        they were asked for (the prompt's first, when echoed)."""
         if event.error is not None:
             raise RuntimeError(event.error)
         i = event.index
         if self.finishes[i] is not None:  # a stop string ended it; the engine's end follows
-            return i, "", None
+            return i, "", None, None
+        shapes: list[dict[str, Any]] = []
+        echo = ""
+        if not self.started[i]:
+            self.started[i] = True
+            if self.echo is not None:
+                echo = self.echo
+                prompt = self.stream.spec.prompt_token_ids
+                if event.prompt_logprobs is not None:
+                    book = event.prompt_logprobs + [None] * len(prompt)
+                    shapes.append(self.shapes[i].add(prompt, book[: len(prompt)]))
         self.received[i] += len(event.tokens)
         text = self.texts[i]
+        before = text.tokens
         piece = text.add(event.tokens)
+        if self.scored:  # the tokens the text kept (up to a stop string's last)
+            kept = text.tokens - before
+            shapes.append(self.shapes[i].add(event.tokens[:kept], event.logprobs[:kept]))
         if text.stopped:
             if event.finish is None:  # the engine goes on until told: it is told now
                 self.state.loop.abort(self.stream, STOP_STRING, index=i)
@@ -247,7 +269,7 @@ class Answer:
         elif event.finish is not None:
             piece += text.finish()
             self.finishes[i] = FINISH.get(event.finish, event.finish)
-        return i, piece, self.finishes[i]
+        return i, echo + piece, self.finishes[i], joined(shapes, self.chat)
 
     async def whole(self, request: Request) -> Response:
         """Wait for the whole answer, or abort it if the client goes away first."""
@@ -272,12 +294,18 @@ class Answer:
             completion_body(s.id, self.state.model_name, answers, self.usage(), self.chat)
         )
 
-    async def _collect(self) -> list[tuple[str, str | None]]:
+    async def _collect(self) -> list[tuple[str, str | None, dict[str, Any] | None]]:
         parts: list[list[str]] = [[] for _ in self.texts]
+        scores: list[list[dict[str, Any]]] = [[] for _ in self.texts]
         while not self.done:
-            i, piece, _ = self.take(await self.stream.events.get())
+            i, piece, _, shape = self.take(await self.stream.events.get())
             parts[i].append(piece)
-        return [("".join(p), f) for p, f in zip(parts, self.finishes, strict=True)]
+            if shape is not None:
+                scores[i].append(shape)
+        return [
+            ("".join(p), f, joined(lp, self.chat) if self.scored else None)
+            for p, f, lp in zip(parts, self.finishes, scores, strict=True)
+        ]
 
     async def events(self) -> AsyncIterator[str]:
         """The answer as server-sent events, `data: [DONE]` last; each chunk carries its
@@ -291,7 +319,13 @@ class Answer:
         created = int(time.time())
         complete = False
 
-        def chunk(index: int, text: str | None, finish: str | None, role: bool = False) -> str:
+        def chunk(
+            index: int,
+            text: str | None,
+            finish: str | None,
+            role: bool = False,
+            logprobs: dict[str, Any] | None = None,
+        ) -> str:
             body = chunk_body(
                 s.id,
                 model,
@@ -303,6 +337,7 @@ class Answer:
                 self.usage() if every else None,
                 include_usage,
                 index=index,
+                logprobs=logprobs,
             )
             return sse(body)
 
@@ -312,12 +347,12 @@ class Answer:
                     yield chunk(i, "", None, role=True)
             while not self.done:
                 try:
-                    i, piece, finish = self.take(await self.stream.events.get())
+                    i, piece, finish, shape = self.take(await self.stream.events.get())
                 except RuntimeError as error:
                     yield sse(errors.error_body(500, str(error)))
                     break
-                if piece or finish is not None:
-                    yield chunk(i, piece, finish)
+                if piece or finish is not None or shape is not None:
+                    yield chunk(i, piece, finish, logprobs=shape)
             if include_usage:
                 yield sse(
                     chunk_body(
@@ -338,6 +373,17 @@ class Answer:
             if not complete:
                 self.state.loop.abort(self.stream)
             self.state.on_request_done()
+
+
+def echo_text(tokenizer: Any, body: SamplingFields, ids: list[int]) -> str | None:
+    """The prompt as a completion with `echo` repeats it: its own text where it came as
+    text, else its tokens decoded; None where it is not echoed."""
+    if not isinstance(body, CompletionRequest) or not body.echo:
+        return None
+    prompt = body.prompt[0] if isinstance(body.prompt, list) and body.prompt else body.prompt
+    if isinstance(prompt, str):
+        return prompt
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def sse(body: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from framework.core.request import RequestSpec
 from framework.core.sequence import ABORTED, Sequence, Status
+from framework.core.token_logprob import TokenLogprob
 from framework.engine.loop import Engine, RunResult
 
 
@@ -39,6 +40,10 @@ class Event:
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     index: int = 0  # which of the request's samples (choices) the tokens are of
+    # Each token's log-probabilities, where the request asks for them; and with its first
+    # event, its prompt's (position 0 None), where it asks for those.
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     accepted: bool = False
     rejected: str | None = None
     error: str | None = None  # the engine loop stopped on a bug
@@ -320,8 +325,16 @@ class EngineLoop:
             n = len(out)
             finish = seq.finish_reason
             i = seq.sample_index
-            if n > stream.sent[i] or finish is not None:
-                stream.put(Event(out[stream.sent[i] : n], finish, index=i))
+            sent = stream.sent[i]
+            if n > sent or finish is not None:
+                event = Event(out[sent:n], finish, index=i)
+                sp = seq.sampling
+                if sp.logprobs is not None:
+                    event.logprobs = seq.output_logprobs[sent:n]
+                if sp.prompt_logprobs is not None and sent == 0:  # one copy: the leader's
+                    scored = seq.group.leader if seq.group is not None else seq
+                    event.prompt_logprobs = list(scored.prompt_logprobs)
+                stream.put(event)
                 stream.sent[i] = n
             if finish is not None:
                 done.append(seq)

@@ -101,6 +101,16 @@ class Prompts:
             raise ApiError(
                 400, f"stop token id {bad[0]} is outside the vocabulary", "stop_token_ids"
             )
+        logprobs, prompt_logprobs = body.scoring()
+        if (logprobs is not None or prompt_logprobs is not None) and not getattr(
+            self.engine.executor, "scores", False
+        ):
+            raise ApiError(
+                400,
+                "logprobs: this server's executor computes no log-probabilities (a simulator "
+                "has no logits)",
+                "logprobs",
+            )
         sampling = SamplingParams(
             temperature=body.temperature,
             top_k=max(0, body.top_k),
@@ -110,6 +120,8 @@ class Prompts:
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
             n=body.n,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         return RequestSpec(f"{prefix}-{uuid.uuid4().hex}", ids, sampling)

@@ -40,8 +40,6 @@ class SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for a value this server does not serve, else None."""
@@ -50,11 +48,11 @@ class SamplingFields(BaseModel):
             return field, "penalties are not served (0 only)"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not served"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs are not served"
-        if self.top_logprobs:
-            return "top_logprobs", "logprobs are not served"
         return None
+
+    def scoring(self) -> tuple[int | None, int | None]:
+        """(alternatives scored per output token, per prompt token); None: not scored."""
+        return None, None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -62,15 +60,21 @@ class SamplingFields(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
+# The most alternatives a token's log-probabilities list (vLLM's default `max_logprobs`).
+MAX_LOGPROBS = 20
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    echo: bool = False  # the prompt before the answer (with its logprobs, if asked)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
+    def scoring(self) -> tuple[int | None, int | None]:
+        return self.logprobs, self.logprobs if self.echo else None
+
     def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo", "echo is not served"
         if self.best_of is not None and self.best_of != self.n:
             return "best_of", (
                 f"best_of={self.best_of} with n={self.n}: ranking samples takes their "
@@ -107,6 +111,16 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def scoring(self) -> tuple[int | None, int | None]:
+        return (self.top_logprobs or 0) if self.logprobs else None, None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs=true"
+        return super().unsupported()
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -127,22 +141,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def completion_body(
     rid: str,
     model: str,
-    answers: list[tuple[str, str | None]],
+    answers: list[tuple[str, str | None, dict[str, Any] | None]],
     use: dict[str, int] | None,
     chat: bool,
 ) -> dict[str, Any]:
-    """A whole answer (`stream=false`): one choice for each (text, finish) in `answers`."""
+    """A whole answer (`stream=false`): one choice for each (text, finish, logprobs) in
+    `answers`."""
     choices: list[dict[str, Any]] = []
-    for index, (text, finish) in enumerate(answers):
+    for index, (text, finish, logprobs) in enumerate(answers):
         if chat:
             choice: dict[str, Any] = {
                 "index": index,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         choices.append(choice)
     return {
         "id": rid,
@@ -166,6 +181,7 @@ def chunk_body(
     with_usage: bool = False,
     choices: bool = True,
     index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One server-sent event of a stream: a piece of choice `index`'s text, its finish, or
     (no choices) the usage chunk that `stream_options.include_usage` asks for last."""
@@ -183,9 +199,9 @@ def chunk_body(
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
         choice["finish_reason"] = finish
         body["choices"] = [choice]
     if with_usage:

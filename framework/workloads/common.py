@@ -38,6 +38,10 @@ def check_sampling(cfg: WorkloadConfig) -> None:
     require_at_least("temperature", cfg.temperature, 0)
     require_at_least("top_k", cfg.top_k, 0)
     require_at_least("n", cfg.n, 1)
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(cfg, name)
+        if k is not None:
+            require_at_least(name, k, 0)
     if not 0.0 < cfg.top_p <= 1.0:
         raise ValueError(f"workload.top_p must be in (0, 1]; got {cfg.top_p}")
 
@@ -58,6 +62,8 @@ def sampling_for(
         "max_tokens": max_tokens,
         "ignore_eos": ignore_eos,
         "n": cfg.n,
+        "logprobs": cfg.logprobs,
+        "prompt_logprobs": cfg.prompt_logprobs,
     }
     fields.update(overrides)
     return SamplingParams(**fields)

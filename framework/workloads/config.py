@@ -24,6 +24,9 @@ class WorkloadConfig:
     Request i (in the order the workload defines them) samples with seed `seed + i`, so a
     run is reproducible and no two requests share a random stream. `n` > 1 asks for that
     many samples of each request (parallel sampling), run over one copy of its prompt's KV.
+    `logprobs` / `prompt_logprobs` (k >= 0) write each output / prompt token's
+    log-probability and its k most likely alternatives into outputs.jsonl (the model
+    executor computes them; a simulator has no logits).
     """
 
     kind: str = MISSING
@@ -32,6 +35,8 @@ class WorkloadConfig:
     top_k: int = 0
     seed: int = 0
     n: int = 1
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass
