@@ -2,7 +2,7 @@
 through the official `openai` client, whole and streamed: equal to Hugging Face's
 `log_softmax` of the same model's logits, the answer's text unchanged by asking, and
 lm-evaluation-harness's loglikelihood request (`echo`, `logprobs=1`, `max_tokens=1`)
-scored over the prompt."""
+scored over the prompt; `best_of` ranked by them."""
 
 from __future__ import annotations
 
@@ -112,3 +112,33 @@ def test_a_simulated_server_refuses_logprobs_by_name(tmp_path: Any) -> None:
         with pytest.raises(openai.BadRequestError) as caught:
             s.client().completions.create(model="tiny", prompt=[1, 2, 3], logprobs=1)
         assert "logprobs: this server's executor computes no log-probabilities" in str(caught.value)
+
+
+def test_best_of_returns_the_n_most_likely_samples(tiny: Any, tmp_path: Any) -> None:
+    """`best_of` samples run; the `n` with the highest mean log-probability per token come
+    back, best first, and `usage` counts every sample's tokens."""
+    _, tok = tiny
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        client = s.client()
+        answer = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=5, temperature=1.0, seed=5, n=2, best_of=4,
+            extra_body=EOS,
+        )  # fmt: skip
+        seqs = [s.seq(f"{answer.id}#{k}") for k in range(4)]
+        mean = [sum(e.logprob for e in q.output_logprobs) / 5 for q in seqs]
+        best = sorted(range(4), key=lambda k: -mean[k])[:2]
+        assert [c.text for c in answer.choices] == [
+            tok.decode(seqs[k].output_token_ids) for k in best
+        ]
+        assert [c.index for c in answer.choices] == [0, 1]
+        assert all(c.logprobs is None for c in answer.choices)  # ranked by them, not asked
+        assert answer.usage.completion_tokens == 20
+        for extra, said in (
+            ({"n": 3, "best_of": 2}, "best_of=2 is below n=3"),
+            ({"best_of": 3, "stream": True}, "best_of above n cannot be streamed"),
+            ({"best_of": 99}, "best_of=99 samples cannot run side by side"),
+        ):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(model="tiny", prompt=ids, max_tokens=2, **extra)
+            assert said in str(caught.value)

@@ -221,6 +221,9 @@ class Answer:
         self.started = [False] * n  # a choice's first event seen (an echo goes before it)
         self.echo = echo_text(state.tokenizer, body, stream.spec.prompt_token_ids)
         self.scored = sp.logprobs is not None
+        self.shown = body.scoring()[0] is not None  # asked for: else only ranked by them
+        # each choice's log-probability over its tokens, and its tokens, for `best_of`
+        self.sums = [0.0] * n
         self.shapes = [Logprobs(state.tokenizer, chat) for _ in range(n)]
 
     @property
@@ -261,7 +264,10 @@ class Answer:
         piece = text.add(event.tokens)
         if self.scored:  # the tokens the text kept (up to a stop string's last)
             kept = text.tokens - before
-            shapes.append(self.shapes[i].add(event.tokens[:kept], event.logprobs[:kept]))
+            entries = event.logprobs[:kept]
+            self.sums[i] += sum(e.logprob for e in entries if e is not None)
+            if self.shown:
+                shapes.append(self.shapes[i].add(event.tokens[:kept], entries))
         if text.stopped:
             if event.finish is None:  # the engine goes on until told: it is told now
                 self.state.loop.abort(self.stream, STOP_STRING, index=i)
@@ -290,6 +296,11 @@ class Answer:
         except RuntimeError as error:
             return errors.error_response(ApiError(500, str(error)))
         s = self.stream.spec
+        n = self.body.n
+        if len(answers) > n:  # best_of: the n with the highest log-probability per token
+            mean = [t / max(1, x.tokens) for t, x in zip(self.sums, self.texts, strict=True)]
+            best = sorted(range(len(answers)), key=lambda i: -mean[i])[:n]
+            answers = [answers[i] for i in best]  # the best first
         return JSONResponse(
             completion_body(s.id, self.state.model_name, answers, self.usage(), self.chat)
         )
@@ -303,7 +314,7 @@ class Answer:
             if shape is not None:
                 scores[i].append(shape)
         return [
-            ("".join(p), f, joined(lp, self.chat) if self.scored else None)
+            ("".join(p), f, joined(lp, self.chat) if self.shown else None)
             for p, f, lp in zip(parts, self.finishes, scores, strict=True)
         ]
 

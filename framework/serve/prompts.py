@@ -88,12 +88,14 @@ class Prompts:
             else:
                 max_tokens = COMPLETION_MAX_TOKENS
         rows = self.engine.limits.max_num_seqs
-        if body.n > rows:
+        samples = body.samples
+        if samples > rows:
+            field = "n" if samples == body.n else "best_of"
             raise ApiError(
                 400,
-                f"n={body.n} samples cannot run side by side in this server's {rows} rows "
-                "(engine.max_num_seqs)",
-                "n",
+                f"{field}={samples} samples cannot run side by side in this server's {rows} "
+                "rows (engine.max_num_seqs)",
+                field,
             )
         stop_ids = tuple(body.stop_token_ids or ())
         bad = [t for t in stop_ids if not 0 <= t < self.vocab]
@@ -102,14 +104,17 @@ class Prompts:
                 400, f"stop token id {bad[0]} is outside the vocabulary", "stop_token_ids"
             )
         logprobs, prompt_logprobs = body.scoring()
+        if samples > body.n and logprobs is None:  # the best are ranked by them
+            logprobs = 0
         if (logprobs is not None or prompt_logprobs is not None) and not getattr(
             self.engine.executor, "scores", False
         ):
+            field = "logprobs" if samples == body.n else "best_of"
             raise ApiError(
                 400,
-                "logprobs: this server's executor computes no log-probabilities (a simulator "
+                f"{field}: this server's executor computes no log-probabilities (a simulator "
                 "has no logits)",
-                "logprobs",
+                field,
             )
         sampling = SamplingParams(
             temperature=body.temperature,
@@ -119,7 +124,7 @@ class Prompts:
             max_tokens=max_tokens,
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
-            n=body.n,
+            n=samples,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
         )

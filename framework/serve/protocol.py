@@ -54,6 +54,11 @@ class SamplingFields(BaseModel):
         """(alternatives scored per output token, per prompt token); None: not scored."""
         return None, None
 
+    @property
+    def samples(self) -> int:
+        """The samples the engine runs for it."""
+        return self.n
+
     def stops(self) -> list[str]:
         if self.stop is None:
             return []
@@ -68,19 +73,23 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False  # the prompt before the answer (with its logprobs, if asked)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = None
+    # Samples run, of which the `n` with the highest mean log-probability per token return
+    best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
+
+    @property
+    def samples(self) -> int:
+        """The samples run: `best_of` of them (the `n` best returned), else `n`."""
+        return max(self.n, self.best_of or 0)
 
     def scoring(self) -> tuple[int | None, int | None]:
         return self.logprobs, self.logprobs if self.echo else None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.best_of is not None and self.best_of != self.n:
-            return "best_of", (
-                f"best_of={self.best_of} with n={self.n}: ranking samples takes their "
-                "log-probabilities, which this server does not compute; best_of equal to n "
-                "(or none) is served"
-            )
+        if self.best_of is not None and self.best_of < self.n:
+            return "best_of", f"best_of={self.best_of} is below n={self.n}: it must be >= n"
+        if self.stream and self.samples > self.n:
+            return "best_of", "best_of above n cannot be streamed (the best are known at the end)"
         if self.suffix:
             return "suffix", "suffix is not served"
         return super().unsupported()
