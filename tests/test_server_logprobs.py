@@ -2,7 +2,7 @@
 through the official `openai` client, whole and streamed: equal to Hugging Face's
 `log_softmax` of the same model's logits, the answer's text unchanged by asking, and
 lm-evaluation-harness's loglikelihood request (`echo`, `logprobs=1`, `max_tokens=1`)
-scored over the prompt; `best_of` ranked by them."""
+scored over the prompt; `best_of` ranked by them; vLLM's beam search."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
 
 from tests.helpers import hf_greedy  # noqa: E402
+from tests.test_beam_search import hf_beams  # noqa: E402
 from tests.test_logprobs import TOL, reference  # noqa: E402
 from tests.test_server import EOS, FIXED, loaded, served  # noqa: E402
 
@@ -141,4 +142,28 @@ def test_best_of_returns_the_n_most_likely_samples(tiny: Any, tmp_path: Any) -> 
         ):
             with pytest.raises(openai.BadRequestError) as caught:
                 client.completions.create(model="tiny", prompt=ids, max_tokens=2, **extra)
+            assert said in str(caught.value)
+
+
+def test_beam_search_returns_hugging_faces_best_beams(tiny: Any, tmp_path: Any) -> None:
+    """vLLM's `use_beam_search`: `best_of` beams, the best `n` returned, not streamed."""
+    model, tok = tiny
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        client = s.client()
+        answer = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=6, temperature=0, n=2, best_of=3,
+            extra_body={**EOS, "use_beam_search": True},
+        )  # fmt: skip
+        want = hf_beams(model, ids, 3, 6)[:2]
+        assert [c.text for c in answer.choices] == [tok.decode(b) for b in want]
+        for extra, said in (
+            ({"temperature": 1.0}, "use_beam_search: beam search is greedy"),
+            ({"temperature": 0, "n": 1}, "use_beam_search: beam search needs best_of"),
+        ):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.completions.create(
+                    model="tiny", prompt=ids, max_tokens=2, extra_body={"use_beam_search": True},
+                    **extra,
+                )  # fmt: skip
             assert said in str(caught.value)

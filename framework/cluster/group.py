@@ -260,7 +260,7 @@ class Cluster:
         decode_of = self.handoffs.decode_of if self.handoffs is not None else None
         check_served_once(specs, results, self.replica_of, decode_of, self.replicas_of)
         if self.handoffs is not None:
-            self.handoffs.check_end(sum(s.sampling.n for s in specs))
+            self.handoffs.check_end(sum(s.sampling.sequences for s in specs))
         return self._result(results)
 
     def _result(self, results: list[RunResult]) -> ReplicaResults:

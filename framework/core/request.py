@@ -34,6 +34,10 @@ class SamplingParams:
     # then computed whole, never taken from the prefix cache).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Beam search (`framework.engine.beams`): `beam_width` > 1 beams over shared blocks,
+    # greedy; the hypotheses ranked by cumulative log-probability / length ** length_penalty.
+    beam_width: int = 1
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -46,6 +50,16 @@ class SamplingParams:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"sampling.n must be an integer >= 1, got {self.n!r}")
+        w = self.beam_width
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"sampling.beam_width must be an integer >= 1, got {w!r}")
+        if self.beam_width > 1 and self.temperature > 0:
+            raise ValueError("sampling.beam_width > 1 searches greedily: temperature must be 0")
+        if self.beam_width > 1 and self.n > self.beam_width:
+            raise ValueError(
+                f"sampling.n={self.n} beams returned of beam_width={self.beam_width}: n must "
+                "be <= beam_width"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
@@ -54,6 +68,19 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sequences(self) -> int:
+        """The sequences the engine runs for the request: its samples, or its beams."""
+        return self.beam_width if self.beam_width > 1 else self.n
+
+    @property
+    def scored_top(self) -> int | None:
+        """The alternatives each output token's log-probabilities carry (None: none): what
+        was asked for, and for a beam at least the 2 x beam_width its search chooses from."""
+        if self.beam_width > 1:
+            return max(self.logprobs or 0, 2 * self.beam_width)
+        return self.logprobs
 
 
 @dataclass

@@ -35,9 +35,11 @@ def sample_id(request_id: str, index: int) -> str:
 
 
 def sample_specs(spec: RequestSpec) -> list[RequestSpec]:
-    """The requests a request's samples are: itself when `n` is 1."""
+    """The requests a request's samples (or beams: `framework.engine.beams`) are: itself
+    when it has one."""
     sp = spec.sampling
-    if sp.n == 1:
+    count = sp.sequences
+    if count == 1:
         return [spec]
     return [
         replace(
@@ -45,5 +47,5 @@ def sample_specs(spec: RequestSpec) -> list[RequestSpec]:
             id=sample_id(spec.id, i),
             sampling=replace(sp, n=1, seed=sample_seed(sp.seed, i)),
         )
-        for i in range(sp.n)
+        for i in range(count)
     ]

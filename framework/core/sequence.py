@@ -122,7 +122,8 @@ class Sequence:
         ids = set(sp.stop_token_ids)
         if not sp.ignore_eos and self.eos_token_id is not None:
             ids.add(self.eos_token_id)
-        self.stop_ids = frozenset(ids)
+        # A beam's search ends its hypotheses on them (`framework.engine.beams`), not a token
+        self.stop_ids = frozenset(ids) if sp.beam_width == 1 else frozenset()
 
     @property
     def id(self) -> str:

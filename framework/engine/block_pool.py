@@ -117,6 +117,27 @@ class BlockPool:
             shared[b] = [*holders, owner]
             self._extra_refs += 1
 
+    def retable(self, moves: Seq[tuple[str, Seq[int], Seq[int]]]) -> None:
+        """Each (owner, old, new): the owner's table goes from `old` to `new`, blocks other
+        tables hold (beams that continue each other's hypotheses take their blocks). Every
+        reference on a block new to its owner is taken before any on a block it leaves is
+        dropped (freed where that was the last), so no block passes through the free list."""
+        for owner, old, new in moves:
+            had = set(old)
+            self.fork(owner, [b for b in new if b not in had])
+        for owner, old, new in moves:
+            keep = set(new)
+            self.free(owner, [b for b in old if b not in keep])
+
+    def copy_on_write(self, owner: str, block: int) -> int:
+        """`owner` stops holding `block`, which other tables hold too, for a fresh block of
+        its own (into which the caller copies it before writing). Returns the fresh block."""
+        if self.refcount(block) < 2:
+            raise BlockPoolError(f"{owner} copied block {block}, which only it holds")
+        self.free(owner, [block])
+        (fresh,) = self.allocate(owner, 1)
+        return fresh
+
     def refcount(self, block: int) -> int:
         """How many tables hold `block`."""
         holders = self._shared.get(block)

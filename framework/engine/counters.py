@@ -71,6 +71,11 @@ class Counters:
     forks: int = 0
     forked_blocks: int = 0
     cow_blocks: int = 0
+    # Beam search (`framework.engine.beams`): rounds chosen, beams that took another's
+    # blocks, and tokens kept and then dropped (hypotheses not returned, or shorter).
+    beam_rounds: int = 0
+    beam_retables: int = 0
+    pruned_tokens: int = 0
     # A replica lost (`cluster.faults`): tokens sampled on its device and never read back,
     # gone with it (deferred = kept + overshoot + held + lost); and the positions it had
     # computed for the requests it held that a live replica computes again.

@@ -66,8 +66,6 @@ def check_step(
         pool.check_tables(tables)
     except BlockPoolError as exc:
         raise InvariantError(str(exc)) from exc
-    if pool.references() != pool.num_used:  # some block is shared: none may be written
-        _check_no_shared_write(batch, pool)
     c = counters
     if c.deferred_tokens != c.tokens_kept + c.overshoot_tokens + c.held_tokens + c.lost_tokens:
         raise InvariantError(
@@ -102,6 +100,13 @@ def check_step(
         raise InvariantError(
             f"rows hold {held} tokens on the device, the counter says {c.held_tokens}"
         )
+
+
+def check_writes(batch: StepBatch, pool: BlockPool) -> None:
+    """Before the forward: where some block is shared, no row writes into one. (After it, a
+    beam search's round may have shared what the step wrote: `framework.engine.beams`.)"""
+    if pool.references() != pool.num_used:
+        _check_no_shared_write(batch, pool)
 
 
 def _check_no_shared_write(batch: StepBatch, pool: BlockPool) -> None:
@@ -175,7 +180,8 @@ def check_end(seqs: list[Sequence], pool: BlockPool, counters: Counters, held: l
             raise InvariantError(
                 f"{s.id} ignores EOS but got {n} of {s.sampling.max_tokens} tokens"
             )
-    if delivered != counters.tokens_kept:
+    if delivered + counters.pruned_tokens != counters.tokens_kept:
         raise InvariantError(
-            f"requests hold {delivered} tokens, the engine kept {counters.tokens_kept}"
+            f"requests hold {delivered} tokens and beam search dropped "
+            f"{counters.pruned_tokens}; the engine kept {counters.tokens_kept}"
         )

@@ -37,7 +37,7 @@ from framework.engine.executor import ExecResult, Executor, describe
 from framework.engine.gc_freeze import frozen_heap
 from framework.engine.held import HeldTokens
 from framework.engine.host_tier import HostTier, SwapCosts
-from framework.engine.invariants import InvariantError, check_end, check_step
+from framework.engine.invariants import InvariantError, check_end, check_step, check_writes
 from framework.engine.kv_usage import account_kv, overhang
 from framework.engine.parking import Parking
 from framework.engine.phases import PhaseTimer
@@ -210,7 +210,7 @@ class Engine:
             self.planner.enqueue(seq, now=now)
         elif seq is group.leader:  # the others wait to fork from it (`Forks.ready`)
             self.planner.enqueue(seq)
-            self.planner.forking.hold(group)
+            self.planner.hold(group)
 
     @property
     def has_work(self) -> bool:
@@ -307,6 +307,8 @@ class Engine:
             self._idle()
             return None
         batch = self.builder.build(plan, self.held.newest, len(self.planner.waiting))
+        if self.check_invariants:  # copy on write: checked before the forward writes
+            check_writes(batch, self.pool)
         self.timer.lap("build")
         result, ready_at = self._execute(batch)
         wasted, states = self.update_from_output(plan, batch, result, ready_at)

@@ -25,8 +25,9 @@ from collections.abc import Generator
 from typing import TypeVar
 
 from framework.api.policy import PREEMPTION_MODES, SWAP, EngineView, PolicyError, QueueView
-from framework.core.sequence import Sequence, Status
+from framework.core.sequence import SampleGroup, Sequence, Status
 from framework.engine.batch import NO_SWAPS
+from framework.engine.beams import Beams
 from framework.engine.block_pool import BlockPool
 from framework.engine.clock import Clock
 from framework.engine.counters import Counters
@@ -62,8 +63,10 @@ class Planner:
         self.pending: deque[Sequence] = deque()  # not yet arrived, in arrival order
         self.waiting: deque[Sequence] = deque()  # FCFS; a preempted request at the head
         self.running: list[Sequence] = []  # the next forward's rows, in admission order
-        # Samples that wait in their group until they can fork from their leader.
+        # Samples that wait in their group until they can fork from their leader; beam
+        # searches and their rounds.
         self.forking = Forks(pool, counters)
+        self.beams = Beams(pool, counters)
         self.pool = pool
         self.p = policies
         self.limits = limits
@@ -91,6 +94,8 @@ class Planner:
     def plan(self, timer: PhaseTimer) -> Planning[StepPlan]:
         """The step's decisions, each applied as made; the plan built once from their returns.
         Yields whenever the held tokens must come home first (the module docstring)."""
+        if self.beams and any(s.num_held and self.beams.ahead(s) for s in self.running):
+            yield  # a beam's next token is chosen on the host (`hand_off`) before planning
         evicted = yield from self.evict()
         if self.parking is not None and self.parking.next_landing() is not None:
             yield from self.join_landed()
@@ -105,12 +110,14 @@ class Planner:
         cache_hits = self.admit(admitted)
         timer.lap("allocate")
         rows = (yield from self.unpaused(admitted)) if self.pauses else list(self.running)
+        if self.beams:  # a beam with its token of a round waits for the others'
+            rows = [s for s in rows if not self.beams.ahead(s)]
         paused = len(self.running) - len(rows)
         if paused:  # the paused rows compute nothing this step
             kept = set(map(id, rows))
             partial = {s: n for s, n in partial.items() if id(s) in kept}
         swaps = self.tier.take(bool(rows)) if self.tier is not None else NO_SWAPS
-        copies = self.forking.take_copies()
+        copies = self.forking.take_copies() + tuple(self.beams.take_copies())
         return StepPlan(
             rows, partial, cache_hits, evicted, preempted, len(admitted), paused, swaps, copies
         )
@@ -161,6 +168,12 @@ class Planner:
             self.waiting.append(seq)
         self.release_forks()
 
+    def hold(self, group: SampleGroup) -> None:
+        """A request's samples (or beams) but the leader wait in their group to fork."""
+        self.forking.hold(group)
+        if group.request.sampling.beam_width > 1:
+            self.beams.add(group)
+
     def release_forks(self) -> None:
         """Samples that can fork from their leader now (`Forks.ready`) wait, at the head."""
         for seq in reversed(self.forking.ready() if self.forking else ()):
@@ -210,6 +223,8 @@ class Planner:
         is done though they owe more tokens (`HeldTokens.take_handed`) leave the rows, parked
         with their blocks held, for the cluster to move (no scheduler is asked)."""
         self.release_forks()
+        if self.beams:
+            self.choose_beams()
         handed = self.held.take_handed()
         if not handed:
             return
@@ -219,6 +234,24 @@ class Planner:
         for seq, forward_s in handed:
             self.running.remove(seq)
             self.parking.leave(seq, now, forward_s)
+
+    def choose_beams(self) -> None:
+        """Each beam search whose round is complete chooses its beams (`Beams.select`): a
+        beam whose new hypothesis has no KV here computes it again; beams that finished
+        are announced, one waiting for readmission released."""
+        bs = self.pool.block_size
+        before = sum(overhang(s, bs) for s in self.running)
+        again, done = self.beams.select()
+        self.counters.kv_overhang_slots += sum(overhang(s, bs) for s in self.running) - before
+        for seq in again:
+            self.preempt(seq)
+        for seq in done:
+            if seq.status is Status.WAITING:
+                self.waiting.remove(seq)
+                self.release(seq, Status.RELEASED, self.now())
+            elif seq.status is Status.RUNNING:
+                seq.status, seq.finished_at = Status.FINISHED, self.now()
+            self.held.announce(seq)
 
     def join_landed(self) -> Planning[None]:
         """Landed requests join the running rows as decode rows while a row is free, ahead of
@@ -290,7 +323,8 @@ class Planner:
                 raise
             except Exception as exc:
                 raise allocator.failure("blocks_to_grow", exc) from exc
-            short = sum(n for _, n in need) - self.pool.num_free
+            cow = self.beams.shared_writes(self.running) if self.beams else []
+            short = sum(n for _, n in need) + len(cow) - self.pool.num_free
             if short <= 0:
                 break
             if self.held.count:  # the rows are about to change: every held token home first
@@ -309,6 +343,7 @@ class Planner:
             before = overhang(seq, bs)
             seq.block_table += self.pool.allocate(seq.id, n)
             counters.kv_overhang_slots += overhang(seq, self.pool.block_size) - before
+        self.beams.copy_on_write(cow)  # a beam writing into a block it shares copies it
         # Whether every row got the blocks its next write needs is checked as the batch build
         # maps each written position to its slot (`short_table`).
         return preempted
@@ -350,7 +385,7 @@ class Planner:
         if mode not in PREEMPTION_MODES or (mode == SWAP and self.tier is None):
             have = "a host KV tier" if self.tier else "no host KV tier (engine.host_kv_memory_mb)"
             raise self.fail("preemption", f"mode {mode!r} for {seq.id}, with {have}")
-        return mode == SWAP
+        return mode == SWAP and seq.group not in self.beams.searches  # beams recompute
 
     def short_table(self, seq: Sequence, exc: IndexError) -> Exception:
         """What an IndexError while building `seq`'s row means: the allocator left it too

@@ -46,9 +46,10 @@ def layout(rows: list[Row]) -> Layout | None:
         if row.prompt_targets:
             out.prompt.append((i, row.start_pos + 1, len(row.prompt_targets)))
             out.top = max(out.top, sp.prompt_logprobs or 0)
-        if sp.logprobs is not None and row.samples and not row.padding:
+        top = sp.scored_top
+        if top is not None and row.samples and not row.padding:
             out.sampled.append((i, row.token_index))
-            out.top = max(out.top, sp.logprobs)
+            out.top = max(out.top, top)
     return out if out.prompt or out.sampled else None
 
 
@@ -90,7 +91,7 @@ class Scores:
         for i, index in self.layout.sampled:
             seq = rows[i]
             if index < len(seq.output_token_ids):
-                k = seq.sampling.logprobs or 0
+                k = seq.sampling.scored_top or 0
                 book = seq.output_logprobs
                 if len(book) <= index:
                     book.extend([None] * (index + 1 - len(book)))

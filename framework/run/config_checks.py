@@ -206,6 +206,29 @@ def check_executor(x: Any) -> None:
             )
 
 
+def check_beams(cfg: Any) -> None:
+    """Beam search (`workload.beam_width` > 1) where it can run: one line naming what
+    stands in its way."""
+    width = OmegaConf.select(cfg, "workload.beam_width", default=1)
+    if not isinstance(width, int) or width <= 1:
+        return
+    why = None
+    if cfg.executor.name == "simulated":
+        why = "a simulated executor has no logits to rank beams by; use executor=model"
+    elif cfg.engine.kv_layout != "paged":
+        why = "beams share blocks, which extents cannot: engine.kv_layout=paged"
+    elif cfg.cluster.backend == "ray" or cfg.cluster.get("faults"):
+        why = "a request's beams must stay on one replica: no cluster.backend=ray or faults"
+    elif OmegaConf.select(cfg, "workload.temperature", default=0.0):
+        why = "beam search is greedy: workload.temperature=0"
+    elif (n := OmegaConf.select(cfg, "workload.n", default=1)) > width:
+        why = f"workload.n={n} beams returned must be <= beam_width"
+    elif width > cfg.engine.max_num_seqs:
+        why = f"its beams cannot run side by side in engine.max_num_seqs={cfg.engine.max_num_seqs}"
+    if why is not None:
+        raise ValueError(f"workload.beam_width={width}: {why}")
+
+
 def check_run(cfg: Any) -> None:
     """The top-level settings and the engine limits, before any model is loaded."""
     check_unknown_keys(cfg)
@@ -219,6 +242,7 @@ def check_run(cfg: Any) -> None:
             f"workload.n={n} samples of a request cannot run side by side in "
             f"engine.max_num_seqs={cfg.engine.max_num_seqs} rows; raise it, or lower n"
         )
+    check_beams(cfg)
     for name in ("logprobs", "prompt_logprobs"):
         asked = OmegaConf.select(cfg, f"workload.{name}", default=None)
         if asked is not None and cfg.executor.name == "simulated":

@@ -140,6 +140,11 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "forks": counters.forks,
         "forked_blocks": counters.forked_blocks,
         "cow_blocks": counters.cow_blocks,
+        # beam search (sampling.beam_width): rounds chosen, beams that took another's
+        # blocks, and tokens kept then dropped (hypotheses not returned, or shorter)
+        "beam_rounds": counters.beam_rounds,
+        "beam_retables": counters.beam_retables,
+        "pruned_tokens": counters.pruned_tokens,
         # blocks saved by sharing over the blocks the tables would hold without it, as the
         # vLLM paper's Fig. 15 (1 - 1 / the time-averaged references per block in use);
         # forks and prefix-cache hits alike. Weighted by step times: on the wall clock a
@@ -313,6 +318,9 @@ COUNT_KEYS = (
     "forks",
     "forked_blocks",
     "cow_blocks",
+    "beam_rounds",
+    "beam_retables",
+    "pruned_tokens",
     "peak_blocks",
     "num_blocks",
     "transfers",

@@ -213,7 +213,7 @@ class Answer:
         self.body = body
         self.chat = chat
         sp = stream.spec.sampling
-        n = sp.n
+        n = sp.sequences  # its samples, or its beams
         self.texts = [TextStream(state.tokenizer, body.stops()) for _ in range(n)]
         self.received = [0] * n  # tokens the engine released to each choice
         self.finishes: list[str | None] = [None] * n
@@ -297,7 +297,9 @@ class Answer:
             return errors.error_response(ApiError(500, str(error)))
         s = self.stream.spec
         n = self.body.n
-        if len(answers) > n:  # best_of: the n with the highest log-probability per token
+        if s.sampling.beam_width > 1:  # beams: the best first
+            answers = answers[:n]
+        elif len(answers) > n:  # best_of: the n with the highest log-probability per token
             mean = [t / max(1, x.tokens) for t, x in zip(self.sums, self.texts, strict=True)]
             best = sorted(range(len(answers)), key=lambda i: -mean[i])[:n]
             answers = [answers[i] for i in best]  # the best first

@@ -326,6 +326,8 @@ class EngineLoop:
             finish = seq.finish_reason
             i = seq.sample_index
             sent = stream.sent[i]
+            if finish is None and seq.sampling.beam_width > 1:
+                continue  # a beam's tokens change until its search ends
             if n > sent or finish is not None:
                 event = Event(out[sent:n], finish, index=i)
                 sp = seq.sampling

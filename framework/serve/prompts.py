@@ -68,6 +68,23 @@ class Prompts:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in ids]
 
+    @staticmethod
+    def beam_width(body: SamplingFields, samples: int) -> int:
+        """The beams of a request that asks for vLLM's beam search: `best_of` (else `n`) of
+        them; 1 for any other request."""
+        if not body.use_beam_search:
+            return 1
+        why = None
+        if body.stream:
+            why = "beam search is not streamed (its beams change until the end)"
+        elif body.temperature != 0:
+            why = "beam search is greedy: set temperature=0"
+        elif samples < 2:
+            why = "beam search needs best_of (or n) >= 2 beams"
+        if why is not None:
+            raise ApiError(400, f"use_beam_search: {why}", "use_beam_search")
+        return samples
+
     def spec(self, body: SamplingFields, ids: list[int], kind: str) -> RequestSpec:
         refused = body.unsupported()
         if refused is not None:
@@ -104,12 +121,13 @@ class Prompts:
                 400, f"stop token id {bad[0]} is outside the vocabulary", "stop_token_ids"
             )
         logprobs, prompt_logprobs = body.scoring()
-        if samples > body.n and logprobs is None:  # the best are ranked by them
+        beams = self.beam_width(body, samples)
+        if samples > body.n and logprobs is None and beams == 1:  # best_of: ranked by them
             logprobs = 0
-        if (logprobs is not None or prompt_logprobs is not None) and not getattr(
-            self.engine.executor, "scores", False
-        ):
-            field = "logprobs" if samples == body.n else "best_of"
+        scored = logprobs is not None or prompt_logprobs is not None or beams > 1
+        if scored and not getattr(self.engine.executor, "scores", False):
+            field = "use_beam_search" if beams > 1 else "best_of" if samples > body.n else ""
+            field = field or "logprobs"
             raise ApiError(
                 400,
                 f"{field}: this server's executor computes no log-probabilities (a simulator "
@@ -124,9 +142,11 @@ class Prompts:
             max_tokens=max_tokens,
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
-            n=samples,
+            n=body.n if beams > 1 else samples,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            beam_width=beams,
+            length_penalty=body.length_penalty,
         )
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         return RequestSpec(f"{prefix}-{uuid.uuid4().hex}", ids, sampling)

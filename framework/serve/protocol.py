@@ -36,6 +36,9 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's: exactly max_tokens tokens
+    # vLLM's beam search: `best_of` (else `n`) beams, greedy, the best `n` returned
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

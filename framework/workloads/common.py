@@ -38,6 +38,7 @@ def check_sampling(cfg: WorkloadConfig) -> None:
     require_at_least("temperature", cfg.temperature, 0)
     require_at_least("top_k", cfg.top_k, 0)
     require_at_least("n", cfg.n, 1)
+    require_at_least("beam_width", cfg.beam_width, 1)
     for name in ("logprobs", "prompt_logprobs"):
         k = getattr(cfg, name)
         if k is not None:
@@ -64,6 +65,8 @@ def sampling_for(
         "n": cfg.n,
         "logprobs": cfg.logprobs,
         "prompt_logprobs": cfg.prompt_logprobs,
+        "beam_width": cfg.beam_width,
+        "length_penalty": cfg.length_penalty,
     }
     fields.update(overrides)
     return SamplingParams(**fields)

@@ -37,6 +37,10 @@ class WorkloadConfig:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Beam search: `beam_width` > 1 beams a request (greedy; outputs.jsonl has a line a
+    # beam, the best first), hypotheses ranked by log-probability / length ** length_penalty.
+    beam_width: int = 1
+    length_penalty: float = 1.0
 
 
 @dataclass
