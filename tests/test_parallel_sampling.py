@@ -23,8 +23,7 @@ from framework.core.sample_group import sample_seed, sample_specs
 from framework.core.sequence import Sequence
 from framework.engine.batch import Row, StepBatch
 from framework.engine.block_pool import BlockPool, BlockPoolError
-from framework.engine.counters import Counters
-from framework.engine.invariants import InvariantError, check_step, check_writes
+from framework.engine.invariants import InvariantError, check_writes
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.plugin_host.registry import registry
 from framework.run.app import build_engine, build_runner, load
@@ -144,17 +143,7 @@ def test_a_row_writing_into_a_shared_block_is_caught() -> None:
         seq.block_table = table
         holders.append(seq)
     row = Row("b", [7], 2, [a[0] * 4 + 2], a[:1], 3, SamplingParams(), token_index=0)
-    check_step(  # the books are whole: the write is what is wrong
-        StepBatch([row]),
-        running=holders,
-        pool=pool,
-        counters=Counters(),
-        held_steps=0,
-        window=0,
-        output_name="immediate",
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-    )
+    pool.check_tables({s.id: s.block_table for s in holders})  # the books are whole
     with pytest.raises(InvariantError, match="a write into a shared block"):
         check_writes(StepBatch([row]), pool)
 

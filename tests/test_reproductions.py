@@ -187,9 +187,10 @@ def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
     assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)
 
 
-def test_quick_vllm_sharing_forks_samples_and_reports_beam_search_missed(tmp_path: Path) -> None:
+def test_quick_vllm_sharing_forks_samples_and_searches_beams(tmp_path: Path) -> None:
     """Figs. 14-15: every run forks its samples and saves memory, more with more samples;
-    vLLM and Orca (Oracle) are searched at each n; beam search's cells have no value."""
+    vLLM and Orca (Oracle) are searched at each n; beam search runs on the model, its beams
+    sharing more than parallel samples do."""
     from framework.studies.reproductions import vllm_sharing as vs
 
     argv = ["vllm_sharing", "--quick", "--workers", "1", "--out", str(tmp_path)]
@@ -204,6 +205,8 @@ def test_quick_vllm_sharing_forks_samples_and_reports_beam_search_missed(tmp_pat
         else:  # extents share nothing
             assert m["forks"] == 0 and m["kv_sharing_saving"] == 0, name
     cells = {c["name"]: c for c in data["cells"]}
-    assert cells["Alpaca, beam search, width 6: memory saving"]["simulated"] is None
+    beams = cells["Alpaca, beam search, width 6: memory saving"]["simulated"]
+    assert beams > cells["Alpaca, parallel sampling, n=6: memory saving"]["simulated"]
+    assert all(runs[f"alpaca beam width {w}"]["beam_rounds"] > 0 for w in vs.SAMPLES)
     assert set(data["data"]["capacity"]) == {"vLLM", "Orca (Oracle)"}
     assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)

@@ -51,8 +51,8 @@ REPRODUCTIONS: dict[str, Entry] = {
         Entry(
             "vllm_sharing",
             "vLLM / PagedAttention (SOSP 2023, Kwon et al.)",
-            "Fig. 15 (memory saved by sharing a request's samples' prompt) and Fig. 14 "
-            "(sustainable rates of parallel sampling); beam search not built",
+            "Fig. 15 (memory saved by sharing among a request's samples and beams) and Fig. "
+            "14 (sustainable rates of parallel sampling)",
             "framework.studies.reproductions.vllm_sharing",
         ),
         Entry(
