@@ -285,3 +285,39 @@ def serves_the_reference(tiny: Any, data: Any, schedulers: tuple[str, ...]) -> N
         if not chunked:  # a chunked prefill may be preempted before its first token
             assert seq.preemptions <= max(0, len(out) - 1), f"{seq.id} preempted w/o progress"
     assert s["max_preemptions_per_request"] == max(q.preemptions for q in res.seqs)
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_beam_search_finds_the_same_beams_under_any_policy(tiny: Any, data: Any) -> None:
+    """Beam searches of widths 2-3 (stop tokens drawn) under any policy but static batches
+    (whose rows wait for each other: a beam's siblings never join it) and a pool that holds
+    every beam of the largest request: the beams of one unhurried run."""
+    _, tok = tiny
+    size = data.draw(st.integers(1, 3), label="requests")
+    specs = []
+    for i in range(size):
+        prompt = data.draw(st.lists(st.integers(3, len(tok) - 1), min_size=1, max_size=30))
+        width = data.draw(st.integers(2, 3))
+        stop = data.draw(st.sampled_from([(), (int(prompt[0]),)]))
+        sampling = SamplingParams(
+            max_tokens=data.draw(st.integers(1, 12)), beam_width=width, stop_token_ids=stop,
+            ignore_eos=True, length_penalty=data.draw(st.sampled_from([0.0, 1.0])),
+        )  # fmt: skip
+        specs.append(RequestSpec(f"r{i}", prompt, sampling, arrival=data.draw(st.floats(0, 0.02))))
+    beams = [s for spec in specs for s in sample_specs(spec)]
+    big = max(len(s.prompt_token_ids) + s.sampling.max_tokens for s in beams)
+    ref_over = ("engine.block_size=16", f"engine.num_blocks={len(beams) * big}")
+    want = {s.id: s.output_token_ids for s in serve(tiny, ref_over, specs, 10**6).seqs}
+    combo = data.draw(policies(tuple(s for s in SCHEDULERS if s != "static")), label="policies")
+    chunked = "scheduler=chunked" in combo
+    limits = list(data.draw(engines([big], chunked), label="engine"))
+    bs = int(limits[0].split("=")[1])
+    width = max(s.sampling.beam_width for s in specs)
+    limits[1] = f"engine.num_blocks={width * (-(-big // bs) + 1)}"  # every beam, and a copy
+    seqs = max(width, int(limits[2].split("=")[1]))
+    limits[2] = f"engine.max_num_seqs={seqs}"
+    limits[3] = f"engine.max_num_batched_tokens={max(seqs, int(limits[3].split('=')[1]))}"
+    note(f"python run.py model=tiny {' '.join(combo + tuple(limits))}")
+    res = serve(tiny, combo + tuple(limits), specs, 4 * step_bound(beams, chunked))
+    assert {s.id: s.output_token_ids for s in res.seqs} == want

@@ -54,6 +54,12 @@ class BeamState:
         self.cum = [0.0] * self.width
 
 
+def _admitted(group: SampleGroup) -> int:
+    """When a search first had a beam admitted (a search none of whose beams ran: last)."""
+    orders = [s.admit_order for s in group.members if s.admit_order >= 0]
+    return min(orders) if orders else 1 << 62
+
+
 class Beams:
     """The beam searches running here (the planner's): which rows sit a step out, and each
     round's choice once its beams' tokens are home."""
@@ -88,6 +94,35 @@ class Beams:
             return False
         state = self.searches.get(group)
         return state is not None and len(seq.output_token_ids) + seq.num_held > state.decided
+
+    def preempted(self, seq: Sequence) -> None:
+        """A beam leaves the rows, its KV dropped: its token of this round, not chosen from
+        yet, is dropped too (counted as pruned) and computed again when it is readmitted."""
+        state = self.searches.get(seq.group) if seq.group is not None else None
+        if state is None or (extra := len(seq.output_token_ids) - state.decided) <= 0:
+            return
+        d = state.decided
+        del seq.output_token_ids[d:], seq.output_logprobs[d:], seq.token_times[d:]
+        self.counters.pruned_tokens += extra
+
+    def stalled(self, running: list[Sequence], cap: int) -> tuple[Sequence, list[Sequence]] | None:
+        """A beam waiting to rejoin a search whose other beams sit out for it, oldest search
+        first, and the beams of newer searches sitting out to preempt for its row (none when
+        a row is free). Without it every row could sit out for beams that no row is left
+        for. None when no search waits so (or a newer one cannot give a row)."""
+        searches = sorted(self.searches.values(), key=lambda st: _admitted(st.group))
+        for i, state in enumerate(searches):
+            members = state.group.members
+            behind = [s for s in members if s.status is Status.WAITING]
+            if not behind or not any(s.status is Status.RUNNING and self.ahead(s) for s in members):
+                continue
+            if len(running) < cap:
+                return behind[0], []
+            newer = {id(st.group) for st in searches[i + 1 :]}
+            victims = [s for s in running if id(s.group) in newer and self.ahead(s)]
+            if victims:
+                return behind[0], [max(victims, key=lambda s: s.admit_order)]
+        return None
 
     # ---- copy on write -----------------------------------------------------------------
     def shared_writes(self, running: list[Sequence]) -> list[Sequence]:

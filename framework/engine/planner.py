@@ -103,6 +103,8 @@ class Planner:
         preempted = yield from self.grow()
         timer.lap("allocate")
         preempted += yield from self.displace()
+        if self.beams:
+            preempted += yield from self.join_beams()
         admitted, partial = self.choose()
         timer.lap("schedule")
         if admitted and self.held.count:  # the rows change: held tokens reach their requests
@@ -253,6 +255,27 @@ class Planner:
                 seq.status, seq.finished_at = Status.FINISHED, self.now()
             self.held.announce(seq)
 
+    def join_beams(self) -> Planning[int]:
+        """A beam waiting to rejoin a search whose other beams sit out for it is admitted
+        by the engine, ahead of the scheduler's choice, where need be in the row of a newer
+        search's beam (preempted): else every row could sit out for beams no row is left
+        for (`Beams.stalled`). Returns the beams preempted."""
+        preempted = 0
+        while (move := self.beams.stalled(self.running, self.limits.max_num_seqs)) is not None:
+            seq, victims = move
+            if self.held.count:  # the rows change: held tokens home first
+                yield
+                continue
+            for victim in victims:
+                self.preempt(victim)
+            preempted += len(victims)
+            self.lookups.forget()
+            self.lookups.cached_tokens(seq)
+            if self.lookups.price(seq) > self.pool.num_free:
+                break  # blocks come back as others finish (or growth preempts for them)
+            self.admit([seq])
+        return preempted
+
     def join_landed(self) -> Planning[None]:
         """Landed requests join the running rows as decode rows while a row is free, ahead of
         any admission (their blocks held since the reservation, their prompt computed)."""
@@ -378,6 +401,7 @@ class Planner:
             self.counters.recomputed_tokens += seq.num_computed
             seq.num_computed = 0
         seq.preemptions += 1
+        self.beams.preempted(seq)  # a beam's token not chosen from yet is computed again
         self.waiting.appendleft(seq)
 
     def _swaps(self, seq: Sequence) -> bool:
