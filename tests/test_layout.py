@@ -30,7 +30,7 @@ LONGER = {
     # every decision of a step checked and applied (evict, grow, preempt by recompute or
     # swap, displace, choose, admit, a beam search's round) by the one owner of the queues:
     # split, the queues would have two writers
-    "framework.engine.planner": 520,
+    "framework.engine.planner": 525,
     # the engine's verbs: the step's three calls and what the outside asks of one engine
     # (submit, abort, take over a request, park and reserve for a cluster, finish)
     "framework.engine.loop": 470,

@@ -50,12 +50,21 @@ class BatchBuilder:
         self,
         block_size: int,
         scratch_block: int,
-        short_table: Callable[[Sequence, IndexError], Exception],
+        fail: Callable[[str, str], Exception],
     ) -> None:
         self.block_size = block_size
         self.scratch_block = scratch_block
-        self.short_table = short_table  # what an IndexError means for a row
+        self.fail = fail  # a policy's error, naming it (`Planner.fail`)
         self.map_slots = True
+
+    def short_table(self, seq: Sequence, exc: IndexError) -> Exception:
+        """What an IndexError while building `seq`'s row means: the allocator left it too
+        few blocks for the positions this step writes (the original error, if not)."""
+        if len(seq.block_table) * self.block_size >= seq.total_len:
+            return exc
+        n, total, held = len(seq.block_table), seq.total_len, seq.num_held
+        msg = f"left {seq.id} {n} blocks for {total} cached tokens ({held} held on the device)"
+        return self.fail("allocator", msg)
 
     def build(self, plan: StepPlan, newest: HeldStep | None, waiting: int = 0) -> StepBatch:
         """The plan's rows, packed, each computing `plan.tokens(seq)`. While the rows are

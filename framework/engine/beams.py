@@ -30,6 +30,7 @@ from framework.core.token_logprob import TokenLogprob
 from framework.engine.block_pool import BlockPool
 from framework.engine.counters import Counters
 from framework.engine.invariants import InvariantError
+from framework.engine.kv_usage import overhang
 
 
 @dataclass
@@ -74,8 +75,9 @@ class Beams:
         return bool(self.searches)
 
     def add(self, group: SampleGroup) -> None:
-        sp = group.request.sampling
-        self.searches[group] = BeamState(group, sp.beam_width)
+        """`group` searches if its request asks for beams (else it is parallel samples)."""
+        if (width := group.request.sampling.beam_width) > 1:
+            self.searches[group] = BeamState(group, width)
 
     @staticmethod
     def stops(seq: Sequence) -> frozenset[int]:
@@ -265,8 +267,11 @@ class Beams:
             seq.prefix_published = min(parent.prefix_published, len(written))
             seq.block_hashes[:] = parent.block_hashes[: seq.prefix_published]
         self.pool.retable([(seq.id, before, new) for seq, before, new in moves])
-        for seq, _, new in moves:
+        bs = self.pool.block_size
+        for seq, _, new in moves:  # a table cut to what is written reserves no more slots
+            self.counters.kv_overhang_slots -= overhang(seq, bs)
             seq.block_table = list(new)
+            self.counters.kv_overhang_slots += overhang(seq, bs)
             self.counters.beam_retables += 1
         del state.cum[len(chosen) :]
         state.decided = d + 1

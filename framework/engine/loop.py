@@ -114,7 +114,7 @@ class Engine:
             pool, self.p, limits, self.counters, self.held, self.steps, self.clock, tier
         )
         self.aborts = Aborts(self.planner, self.held, self.counters)
-        self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.short_table)
+        self.builder = BatchBuilder(pool.block_size, scratch_block, self.planner.fail)
         # Prefill/decode disaggregation, set by a cluster for a `prefill` replica: the
         # output tokens it generates of each request before handing it off (1: the first).
         # None: every token, as one engine.

@@ -173,8 +173,7 @@ class Planner:
     def hold(self, group: SampleGroup) -> None:
         """A request's samples (or beams) but the leader wait in their group to fork."""
         self.forking.hold(group)
-        if group.request.sampling.beam_width > 1:
-            self.beams.add(group)
+        self.beams.add(group)
 
     def release_forks(self) -> None:
         """Samples that can fork from their leader now (`Forks.ready`) wait, at the head."""
@@ -241,10 +240,7 @@ class Planner:
         """Each beam search whose round is complete chooses its beams (`Beams.select`): a
         beam whose new hypothesis has no KV here computes it again; beams that finished
         are announced, one waiting for readmission released."""
-        bs = self.pool.block_size
-        before = sum(overhang(s, bs) for s in self.running)
         again, done = self.beams.select()
-        self.counters.kv_overhang_slots += sum(overhang(s, bs) for s in self.running) - before
         for seq in again:
             self.preempt(seq)
         for seq in done:
@@ -256,10 +252,9 @@ class Planner:
             self.held.announce(seq)
 
     def join_beams(self) -> Planning[int]:
-        """A beam waiting to rejoin a search whose other beams sit out for it is admitted
-        by the engine, ahead of the scheduler's choice, where need be in the row of a newer
-        search's beam (preempted): else every row could sit out for beams no row is left
-        for (`Beams.stalled`). Returns the beams preempted."""
+        """A beam that its search's other beams sit out for is admitted ahead of the
+        scheduler, in a newer search's row where need be (`Beams.stalled`): else every row
+        could sit out for beams no row is left for. Returns the beams preempted."""
         preempted = 0
         while (move := self.beams.stalled(self.running, self.limits.max_num_seqs)) is not None:
             seq, victims = move
@@ -368,7 +363,7 @@ class Planner:
             counters.kv_overhang_slots += overhang(seq, self.pool.block_size) - before
         self.beams.copy_on_write(cow)  # a beam writing into a block it shares copies it
         # Whether every row got the blocks its next write needs is checked as the batch build
-        # maps each written position to its slot (`short_table`).
+        # maps each written position to its slot (`BatchBuilder.short_table`).
         return preempted
 
     def displace(self) -> Planning[int]:
@@ -410,15 +405,6 @@ class Planner:
             have = "a host KV tier" if self.tier else "no host KV tier (engine.host_kv_memory_mb)"
             raise self.fail("preemption", f"mode {mode!r} for {seq.id}, with {have}")
         return mode == SWAP and seq.group not in self.beams.searches  # beams recompute
-
-    def short_table(self, seq: Sequence, exc: IndexError) -> Exception:
-        """What an IndexError while building `seq`'s row means: the allocator left it too
-        few blocks for the positions this step writes (the original error, if not)."""
-        if len(seq.block_table) * self.pool.block_size >= seq.total_len:
-            return exc
-        n, total, held = len(seq.block_table), seq.total_len, seq.num_held
-        msg = f"left {seq.id} {n} blocks for {total} cached tokens ({held} held on the device)"
-        return self.fail("allocator", msg)
 
     # ---- admissions ------------------------------------------------------------------
     def choose(self) -> tuple[list[Sequence], dict[Sequence, int]]:
