@@ -38,6 +38,9 @@ class SamplingParams:
     # greedy; the hypotheses ranked by cumulative log-probability / length ** length_penalty.
     beam_width: int = 1
     length_penalty: float = 1.0
+    # Whether each output token's log-probabilities are computed (`scored_top` is not None):
+    # read for every row of every step, so set once.
+    scored: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -64,6 +67,7 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
                 raise ValueError(f"sampling.{name} must be None or an integer >= 0, got {k!r}")
+        object.__setattr__(self, "scored", self.scored_top is not None)
 
     @property
     def greedy(self) -> bool:

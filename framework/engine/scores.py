@@ -39,7 +39,13 @@ class Layout:
 
 
 def layout(rows: list[Row]) -> Layout | None:
-    """The step's scored positions, or None when no row asks (every step of most runs)."""
+    """The step's scored positions, or None when no row asks (every step of most runs: one
+    pass over two fields a row)."""
+    for row in rows:
+        if row.sampling.scored or row.prompt_targets:
+            break
+    else:
+        return None
     out = Layout()
     for i, row in enumerate(rows):
         sp = row.sampling

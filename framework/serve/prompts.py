@@ -68,8 +68,7 @@ class Prompts:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in ids]
 
-    @staticmethod
-    def beam_width(body: SamplingFields, samples: int) -> int:
+    def beam_width(self, body: SamplingFields, samples: int) -> int:
         """The beams of a request that asks for vLLM's beam search: `best_of` (else `n`) of
         them; 1 for any other request."""
         if not body.use_beam_search:
@@ -81,6 +80,8 @@ class Prompts:
             why = "beam search is greedy: set temperature=0"
         elif samples < 2:
             why = "beam search needs best_of (or n) >= 2 beams"
+        elif not self.engine.pool.forks:
+            why = "beams share blocks, which this server's extents cannot (engine.kv_layout)"
         if why is not None:
             raise ApiError(400, f"use_beam_search: {why}", "use_beam_search")
         return samples
