@@ -23,6 +23,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k cut
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely (0: none)
     seed: int = 0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
@@ -49,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"sampling.top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"sampling.min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:

@@ -64,10 +64,16 @@ def gumbel(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(uniforms(seeds, vocab)))
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[rows, vocab] logits with the tokens outside each row's top-k (0: no cut; ties with
-    the k-th value kept) and outside its top-p nucleus (the smallest head whose mass
-    reaches top_p; the first token always stays) set to -inf: one sort, masks, one scatter."""
+    the k-th value kept), outside its top-p nucleus (the smallest head whose mass reaches
+    top_p; the first token always stays) and, where `min_p` is given, less likely than
+    min_p x its most likely token (after top-k), set to -inf: one sort, masks, one scatter."""
     ordered, order = torch.sort(logits, dim=-1, descending=True)
     vocab = logits.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
@@ -76,6 +82,8 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     probs = torch.softmax(ordered, dim=-1)
     drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
     ordered = ordered.masked_fill(drop & (top_p[:, None] < 1.0), float("-inf"))
+    if min_p is not None:  # the most likely is first: probs[:, :1]
+        ordered = ordered.masked_fill(probs < min_p[:, None] * probs[:, :1], float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, ordered)
 
 
@@ -106,7 +114,10 @@ def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) 
     top_p = to_device(dev, [sp.top_p for sp in params], torch.float32)
     seeds = to_device(dev, [draw_seed(rows[i].sampling.seed, rows[i].token_index) for i in drawn],
                 torch.long)  # fmt: skip
+    min_p = None
+    if any(sp.min_p for sp in params):
+        min_p = to_device(dev, [sp.min_p for sp in params], torch.float32)
     scaled = logits.index_select(0, at).float() / temperature[:, None]
-    filtered = filter_logits(scaled, top_k, top_p)
+    filtered = filter_logits(scaled, top_k, top_p, min_p)
     choice = torch.argmax(filtered.double() + gumbel(seeds, logits.shape[-1]), dim=-1)
     return tokens.index_copy(0, at, choice.to(tokens.dtype))

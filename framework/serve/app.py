@@ -214,7 +214,13 @@ class Answer:
         self.chat = chat
         sp = stream.spec.sampling
         n = sp.sequences  # its samples, or its beams
-        self.texts = [TextStream(state.tokenizer, body.stops()) for _ in range(n)]
+        self.texts = [
+            TextStream(
+                state.tokenizer, body.stops(), body.skip_special_tokens,
+                body.include_stop_str_in_output,
+            )
+            for _ in range(n)
+        ]  # fmt: skip
         self.received = [0] * n  # tokens the engine released to each choice
         self.finishes: list[str | None] = [None] * n
         self.prompt_tokens = len(stream.spec.prompt_token_ids)

@@ -42,7 +42,7 @@ class Prompts:
                 raise ApiError(400, "one prompt per request is served", "prompt")
             p = p[0]
         if isinstance(p, str):
-            ids = self.tokenizer.encode(p, add_special_tokens=False) if p else []
+            ids = self.tokenizer.encode(p, add_special_tokens=body.add_special_tokens) if p else []
         else:
             ids = list(p)  # type: ignore[arg-type]
             bad = [t for t in ids if not 0 <= t < self.vocab]
@@ -64,7 +64,16 @@ class Prompts:
                 "messages",
             )
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        extra = body.chat_template_kwargs or {}
+        try:
+            if body.add_special_tokens:  # the rendered template, then the tokenizer's own
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False, **extra
+                )
+                return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=True)]
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
+        except (TypeError, ValueError) as error:  # a kwarg the template or tokenizer refuses
+            raise ApiError(400, f"chat_template_kwargs: {error}", "chat_template_kwargs") from None
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in ids]
 
@@ -141,6 +150,7 @@ class Prompts:
             top_p=body.top_p,
             seed=body.seed if body.seed is not None else self.rng.randrange(2**31),
             max_tokens=max_tokens,
+            min_p=body.min_p,
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
             n=body.n if beams > 1 else samples,

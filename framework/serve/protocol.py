@@ -39,6 +39,13 @@ class SamplingFields(BaseModel):
     # vLLM's beam search: `best_of` (else `n`) beams, greedy, the best `n` returned
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's other sampling fields (its benchmarks and load generators send them)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    min_tokens: int = Field(default=0, ge=0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -51,6 +58,16 @@ class SamplingFields(BaseModel):
             return field, "penalties are not served (0 only)"
         if self.logit_bias:
             return "logit_bias", "logit_bias is not served"
+        if self.repetition_penalty != 1.0:
+            return "repetition_penalty", "penalties are not served (1.0 only)"
+        if self.min_tokens and not self.ignore_eos:
+            return "min_tokens", (
+                "min_tokens is served with ignore_eos=true (every answer max_tokens long), or 0"
+            )
+        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            return "min_tokens", f"min_tokens={self.min_tokens} is above max_tokens"
+        if not self.spaces_between_special_tokens:
+            return "spaces_between_special_tokens", "only true is served"
         return None
 
     def scoring(self) -> tuple[int | None, int | None]:
@@ -74,6 +91,7 @@ MAX_LOGPROBS = 20
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    add_special_tokens: bool = False  # a text prompt's: the tokenizer's BOS and such
     echo: bool = False  # the prompt before the answer (with its logprobs, if asked)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # Samples run, of which the `n` with the highest mean log-probability per token return
@@ -122,6 +140,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    add_special_tokens: bool = False  # on top of the chat template's own
+    chat_template_kwargs: dict[str, Any] | None = None  # to the tokenizer's chat template
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

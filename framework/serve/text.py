@@ -15,9 +15,13 @@ class TextStream:
     count of tokens up to the one that completed it (what `usage` reports).
     """
 
-    def __init__(self, tokenizer: Any, stops: list[str]) -> None:
+    def __init__(
+        self, tokenizer: Any, stops: list[str], skip_special: bool = True, keep_stop: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
+        self.skip_special = skip_special  # vLLM's skip_special_tokens
+        self.keep_stop = keep_stop  # vLLM's include_stop_str_in_output: the text ends after it
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.ids: list[int] = []
         self.sent = 0  # characters sent
@@ -25,7 +29,7 @@ class TextStream:
         self.tokens = 0
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, ids: list[int]) -> str:
         """The new tokens; returns the text that is now final."""
@@ -62,5 +66,10 @@ class TextStream:
         return piece
 
     def _find_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(found) if found else None
+        """Where the text ends for the first stop string in it: before it, or after it
+        where it is kept."""
+        found = [(i, len(s)) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
+        if not found:
+            return None
+        at, size = min(found)
+        return at + size if self.keep_stop else at

@@ -1,0 +1,83 @@
+"""vLLM's extra request fields, which the field's benchmarks and load generators send: each
+served (`min_p`, `add_special_tokens`, `skip_special_tokens`, `chat_template_kwargs`,
+`include_stop_str_in_output`) or accepted at its neutral value and refused otherwise by
+name (`repetition_penalty`, `min_tokens`, `spaces_between_special_tokens`); a field nobody
+knows is still refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")
+
+from tests.helpers import hf_greedy  # noqa: E402
+from tests.test_server import EOS, FIXED, loaded, served  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPT = "Once upon a time, in a land far away,"
+
+
+def test_the_load_generators_request_shapes_are_served(tiny: Any, tmp_path: Any) -> None:
+    model, tok = tiny
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    with served(tmp_path, *FIXED, loaded=loaded(tiny)) as s:
+        url = f"{s.url}/v1"
+        # `vllm bench serve`'s completions body (its readiness probe's too)
+        vllm = {"model": "tiny", "prompt": ids, "temperature": 0.0, "repetition_penalty": 1.0,
+                "max_tokens": 5, "logprobs": None, "ignore_eos": True, "stream": False}  # fmt: skip
+        r = httpx.post(f"{url}/completions", json=vllm, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == tok.decode(hf_greedy(model, ids, 5, None))
+        # aiperf's chat recipe: exact lengths through min_tokens, template arguments
+        aiperf = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+                  "max_tokens": 6, "min_tokens": 6, "ignore_eos": True,
+                  "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+        r = httpx.post(f"{url}/chat/completions", json=aiperf, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 6
+        # inference-perf's
+        perf = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "add_special_tokens": False,
+                "ignore_eos": True}  # fmt: skip
+        r = httpx.post(f"{url}/completions", json=perf, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(ids)
+
+        # min_p = 1: only the most likely token is left, whatever the temperature
+        client = s.client()
+        drawn = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=6, temperature=1.0, seed=4,
+            extra_body={**EOS, "min_p": 1.0},
+        )  # fmt: skip
+        assert drawn.choices[0].text == tok.decode(hf_greedy(model, ids, 6, None))
+        # a stop string kept at the end of the text
+        plain = (
+            client.completions.create(
+                model="tiny", prompt=ids, max_tokens=8, temperature=0, extra_body=EOS
+            )
+            .choices[0]
+            .text
+        )
+        stop = plain[3:6]
+        kept = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=8, temperature=0, stop=[stop],
+            extra_body={**EOS, "include_stop_str_in_output": True},
+        )  # fmt: skip
+        assert kept.choices[0].text == plain[: plain.index(stop) + len(stop)]
+
+        for extra, field in (
+            ({"repetition_penalty": 1.2}, "repetition_penalty: penalties are not served"),
+            ({"min_tokens": 3}, "min_tokens is served with ignore_eos=true"),
+            ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+            ({"min_p": 2.0}, "min_p"),
+            ({"frequency_penalty": 0.5}, "frequency_penalty"),
+            ({"mystery_knob": 1}, "unknown field 'mystery_knob'"),
+        ):
+            r = httpx.post(
+                f"{url}/completions", json={"prompt": PROMPT, "max_tokens": 2, **extra}, timeout=60
+            )
+            assert r.status_code == 400, (extra, r.text)
+            assert field in r.json()["error"]["message"], r.text
