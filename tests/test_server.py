@@ -358,7 +358,7 @@ BAD = [
     ("/v1/completions", {"prompt": "Hi", "n": 3, "best_of": 2}, "best_of", "best_of=2 is below"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs", ""),
     ("/v1/completions", {"prompt": "Hi", "n": 17}, "n", "n=17 samples cannot run side by side"),
-    ("/v1/completions", {"prompt": ""}, "prompt", "empty"),
+    ("/v1/completions", {"prompt": ""}, "prompt", "at least 1 character"),
     ("/v1/completions", {"prompt": [10, 99999999]}, "prompt", "outside the vocabulary"),
     ("/v1/completions", [1, 2], None, ""),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 5000}, "max_tokens", "context"),

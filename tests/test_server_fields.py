@@ -69,7 +69,7 @@ def test_the_load_generators_request_shapes_are_served(tiny: Any, tmp_path: Any)
         assert kept.choices[0].text == plain[: plain.index(stop) + len(stop)]
 
         for extra, field in (
-            ({"repetition_penalty": 1.2}, "repetition_penalty: penalties are not served"),
+            ({"repetition_penalty": 1.2}, "'repetition_penalty': Input should be less"),
             ({"min_tokens": 3}, "min_tokens is served with ignore_eos=true"),
             ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
             ({"min_p": 2.0}, "min_p"),
@@ -81,3 +81,38 @@ def test_the_load_generators_request_shapes_are_served(tiny: Any, tmp_path: Any)
             )
             assert r.status_code == 400, (extra, r.text)
             assert field in r.json()["error"]["message"], r.text
+
+
+def test_the_openapi_schema_tells_what_the_server_answers(tiny: Any, tmp_path: Any) -> None:
+    """`/openapi.json` and `/docs` served; every refusal documented in OpenAI's error body,
+    no 422; the bounds only the model knows (a token id's) in it; a body-less POST, a
+    boolean in a number's place and a 405 answered as the schema and RFC 9110 say."""
+    _, tok = tiny
+    with served(tmp_path, *FIXED, "engine.max_num_seqs=4", loaded=loaded(tiny)) as s:
+        schema = httpx.get(f"{s.url}/openapi.json", timeout=60).json()
+        assert httpx.get(f"{s.url}/docs", timeout=60).status_code == 200
+        for route in ("/v1/completions", "/v1/chat/completions"):
+            answers = schema["paths"][route]["post"]["responses"]
+            assert "422" not in answers
+            assert {"400", "401", "404", "413", "429", "503"} <= set(answers)
+            assert answers["400"]["content"]["application/json"]["schema"]["$ref"].endswith(
+                "/ErrorResponse"
+            )
+        body = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+        ids = [k for k in body["prompt"]["anyOf"] if k.get("type") == "array"]
+        assert ids[0]["items"]["maximum"] == len(tok) - 1
+        assert {k.get("maximum") for k in body["n"].get("anyOf", [body["n"]])} >= {4}
+        r = httpx.post(f"{s.url}/v1/completions", timeout=60)
+        assert r.status_code == 400 and "the request has no body" in r.json()["error"]["message"]
+        r = httpx.post(
+            f"{s.url}/v1/completions", json={"prompt": "Hi", "logprobs": False}, timeout=60
+        )
+        assert r.status_code == 400 and "logprobs takes no boolean" in r.text
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": [[1], [2]]}, timeout=60)
+        assert r.status_code == 400
+        r = httpx.delete(f"{s.url}/v1/completions", timeout=60)
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        r = httpx.get(f"{s.url}/health", timeout=60)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    with served(tmp_path / "off", *FIXED, "server.openapi=false", loaded=loaded(tiny)) as s:
+        assert httpx.get(f"{s.url}/openapi.json", timeout=60).status_code == 404

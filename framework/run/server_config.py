@@ -34,6 +34,9 @@ class ServerConfig:
     # The largest request body accepted, in bytes; a larger one is answered 413 before it
     # is parsed. null: no bound.
     max_body_bytes: int | None = 4_194_304
+    # The API's OpenAPI schema at /openapi.json and its page at /docs, as vLLM and SGLang
+    # serve them (schema-driven clients and fuzzers start from it); false: neither.
+    openapi: bool = True
 
 
 def check_server(s: Any) -> None:

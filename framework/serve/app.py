@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from framework.core.sequence import STOP_STRING
 from framework.serve import errors
@@ -23,6 +23,7 @@ from framework.serve.logprobs import Logprobs, joined
 from framework.serve.metrics import CONTENT_TYPE, ServerMetrics
 from framework.serve.prompts import Prompts
 from framework.serve.protocol import (
+    ERRORS,
     ChatRequest,
     CompletionRequest,
     SamplingFields,
@@ -49,14 +50,22 @@ class ServerState:
     max_model_len: int
     api_key: str | None = None  # the Bearer key every /v1 route asks for (None: none)
     max_body_bytes: int | None = None  # the largest body accepted (None: no bound)
+    openapi: bool = True  # /openapi.json and /docs served
     on_request_done: Callable[[], None] = lambda: None
     draining: Callable[[], bool] = lambda: False  # stopping: new requests are answered 503
     created: int = field(default_factory=lambda: int(time.time()))
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="nanoserve", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="nanoserve",
+        summary="OpenAI-compatible completions and chat over nanoserve's engine",
+        docs_url="/docs" if state.openapi else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if state.openapi else None,
+    )
     errors.install(app)
+    schema_as_served(app, state)
 
     @app.middleware("http")
     async def stamp(request: Request, call_next: Any) -> Response:
@@ -79,7 +88,7 @@ def create_app(state: ServerState) -> FastAPI:
                 return errors.error_response(refused)
         return await call_next(request)
 
-    @app.get("/health")
+    @app.get("/health", response_class=PlainTextResponse, responses={503: ERRORS[503]})
     async def health() -> Response:
         """503 from the moment the server starts to stop, so that a load balancer sends
         nothing more here while in-flight requests finish."""
@@ -87,13 +96,13 @@ def create_app(state: ServerState) -> FastAPI:
             return shutting_down()
         if state.loop.error is not None or not state.loop.thread.is_alive():
             return errors.error_response(ApiError(503, "the engine loop has stopped"))
-        return Response(status_code=200)
+        return PlainTextResponse("ok")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={k: ERRORS[k] for k in (401, 503)})
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
@@ -111,15 +120,56 @@ def create_app(state: ServerState) -> FastAPI:
             ],
         }
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await generate(state, body, state.prompts.completion(body), False, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERRORS)
     async def chat(body: ChatRequest, request: Request) -> Response:
         return await generate(state, body, state.prompts.chat(body), True, request)
 
     return app
+
+
+def schema_as_served(app: FastAPI, state: ServerState) -> None:
+    """The schema as this server answers: FastAPI documents a 422 for every body, which this
+    server answers as a 400 in OpenAI's error body (`ERRORS`), so the 422s go; and the
+    bounds only the loaded model and engine know go in: a token id below the vocabulary's
+    size, `n` and `best_of` within `engine.max_num_seqs`."""
+    made = app.openapi
+    vocab = state.prompts.vocab - 1
+    rows = state.prompts.engine.limits.max_num_seqs
+
+    def bound(node: Any) -> None:
+        """Every integer item of a token-id list gets the vocabulary's bound."""
+        if isinstance(node, dict):
+            if node.get("type") == "array" and node.get("items", {}).get("type") == "integer":
+                node["items"]["maximum"] = vocab
+            for value in node.values():
+                bound(value)
+        elif isinstance(node, list):
+            for value in node:
+                bound(value)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = made()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name, model in schema.get("components", {}).get("schemas", {}).items():
+                props = model.get("properties", {})
+                if name in ("CompletionRequest", "ChatRequest"):
+                    bound(props.get("prompt", {}))
+                    bound(props.get("stop_token_ids", {}))
+                    for field in ("n", "best_of"):
+                        for kind in props.get(field, {}).get("anyOf", [props.get(field, {})]):
+                            if kind.get("type") == "integer":
+                                kind["maximum"] = rows
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def refusal(state: ServerState, request: Request) -> ApiError | None:

@@ -58,13 +58,20 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     if not errors:
         return "the request body is not valid", None
     e = errors[0]
-    loc = [str(part) for part in e.get("loc", ()) if part != "body"]
+    # the field's path, without pydantic's names for the union's members ("constrained-str")
+    loc = [
+        str(part)
+        for part in e.get("loc", ())
+        if part != "body" and not any(c in str(part) for c in "-[")
+    ]
     param = ".".join(loc) or None
     kind = e.get("type", "")
     if kind == "extra_forbidden":
         return f"unknown field {param!r}: this server does not accept it", param
     if kind == "json_invalid":
         return f"the body is not valid JSON ({e.get('msg', '')})", None
+    if kind == "missing" and param is None:  # the whole body
+        return "the request has no body: send a JSON object", None
     if kind == "missing":
         return f"{param!r} is required", param
     where = f"{param!r}: " if param else ""
@@ -86,4 +93,6 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(ApiError(exc.status_code, str(exc.detail)))
+        response = error_response(ApiError(exc.status_code, str(exc.detail)))
+        response.headers.update(exc.headers or {})  # a 405's `Allow` (RFC 9110)
+        return response

@@ -6,23 +6,45 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage on every chunk
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: usage on every chunk
+
+
+def _has_boolean(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_has_boolean(v) for v in value)
+    return isinstance(value, bool)
 
 
 class SamplingFields(BaseModel):
     """What both endpoints accept. Fields OpenAI defines that this server cannot honour are
-    accepted only at their neutral value, and refused otherwise (`unsupported`)."""
+    accepted only at their neutral value (the schema says so), and refused otherwise. A
+    boolean is no number (`no_booleans`), as the schema says."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def no_booleans(cls, data: Any) -> Any:
+        """JSON's `true` and `false` only where a field is a boolean: pydantic would read
+        them as 1 and 0 in a number's place, which the schema does not allow."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or any(k in str(field.annotation) for k in ("bool", "Literal")):
+                continue
+            if _has_boolean(value):
+                raise ValueError(f"{name} takes no boolean")
+        return data
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -33,41 +55,32 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's
     n: int = Field(default=1, ge=1)  # choices: parallel samples over one prompt's KV
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # vLLM's: exactly max_tokens tokens
+    ignore_eos: StrictBool = False  # vLLM's: exactly max_tokens tokens
     # vLLM's beam search: `best_of` (else `n`) beams, greedy, the best `n` returned
-    use_beam_search: bool = False
+    use_beam_search: StrictBool = False
     length_penalty: float = 1.0
     # vLLM's other sampling fields (its benchmarks and load generators send them)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     min_tokens: int = Field(default=0, ge=0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    repetition_penalty: float = Field(default=1.0, ge=1.0, le=1.0)  # not served: 1 only
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: Literal[True] = True
+    include_stop_str_in_output: StrictBool = False
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)  # not served: 0 only
+    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for a value this server does not serve, else None."""
-        if self.presence_penalty or self.frequency_penalty:
-            field = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            return field, "penalties are not served (0 only)"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not served"
-        if self.repetition_penalty != 1.0:
-            return "repetition_penalty", "penalties are not served (1.0 only)"
         if self.min_tokens and not self.ignore_eos:
             return "min_tokens", (
                 "min_tokens is served with ignore_eos=true (every answer max_tokens long), or 0"
             )
         if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             return "min_tokens", f"min_tokens={self.min_tokens} is above max_tokens"
-        if not self.spaces_between_special_tokens:
-            return "spaces_between_special_tokens", "only true is served"
         return None
 
     def scoring(self) -> tuple[int | None, int | None]:
@@ -89,14 +102,26 @@ class SamplingFields(BaseModel):
 MAX_LOGPROBS = 20
 
 
+# A prompt that is not empty: text, token ids, or (OpenAI's batch form) a list of either,
+# of which this server serves one.
+Text = Annotated[str, Field(min_length=1)]
+Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Prompt = (
+    Text
+    | Ids
+    | Annotated[list[Text], Field(min_length=1)]
+    | Annotated[list[Ids], Field(min_length=1)]
+)
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    add_special_tokens: bool = False  # a text prompt's: the tokenizer's BOS and such
-    echo: bool = False  # the prompt before the answer (with its logprobs, if asked)
+    prompt: Prompt
+    add_special_tokens: StrictBool = False  # a text prompt's: the tokenizer's BOS and such
+    echo: StrictBool = False  # the prompt before the answer (with its logprobs, if asked)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # Samples run, of which the `n` with the highest mean log-probability per token return
     best_of: int | None = Field(default=None, ge=1)
-    suffix: str | None = None
+    suffix: str | None = Field(default=None, max_length=0)  # not served: none
 
     @property
     def samples(self) -> int:
@@ -111,8 +136,6 @@ class CompletionRequest(SamplingFields):
             return "best_of", f"best_of={self.best_of} is below n={self.n}: it must be >= n"
         if self.stream and self.samples > self.n:
             return "best_of", "best_of above n cannot be streamed (the best are known at the end)"
-        if self.suffix:
-            return "suffix", "suffix is not served"
         return super().unsupported()
 
 
@@ -140,22 +163,50 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    add_special_tokens: bool = False  # on top of the chat template's own
+    add_special_tokens: StrictBool = False  # on top of the chat template's own
     chat_template_kwargs: dict[str, Any] | None = None  # to the tokenizer's chat template
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     def scoring(self) -> tuple[int | None, int | None]:
+        """`top_logprobs` counts only with `logprobs: true` (alone, nothing is scored)."""
         return (self.top_logprobs or 0) if self.logprobs else None, None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.top_logprobs is not None and not self.logprobs:
-            return "top_logprobs", "top_logprobs needs logprobs=true"
         return super().unsupported()
 
 
 # ---- responses ------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, which every refusal of this server has."""
+
+    error: ErrorDetail
+
+
+# What the API's routes answer besides 200, in its schema (`/openapi.json`): each in OpenAI's
+# error body. A malformed body is a 400 naming the field, never FastAPI's 422.
+REFUSALS = {
+    400: "a malformed body, or a value not served (the message names the field)",
+    401: "a missing or wrong API key (server.api_key)",
+    404: "a model this server does not serve",
+    413: "a body over server.max_body_bytes",
+    429: "more requests waiting than server.max_waiting",
+    500: "the engine loop stopped on a bug",
+    503: "the server is stopping",
+}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": why} for status, why in REFUSALS.items()
+}
 
 
 def new_id(prefix: str) -> str:

@@ -158,6 +158,7 @@ def serve_http(
         max_model_len=engine.limits.max_model_len,
         api_key=cfg.server.api_key or os.environ.get("NANOSERVE_API_KEY") or None,
         max_body_bytes=cfg.server.max_body_bytes,
+        openapi=bool(cfg.server.get("openapi", True)),
         on_request_done=done.tick,
         draining=lambda: drain.draining,
     )
