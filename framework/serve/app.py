@@ -31,6 +31,7 @@ from framework.serve.protocol import (
     completion_body,
     usage,
 )
+from framework.serve.schema import schema_as_served
 from framework.serve.text import TextStream
 
 # The engine's finish reasons as OpenAI's: a stop string is a stop; an abort (the server
@@ -65,7 +66,7 @@ def create_app(state: ServerState) -> FastAPI:
         openapi_url="/openapi.json" if state.openapi else None,
     )
     errors.install(app)
-    schema_as_served(app, state)
+    schema_as_served(app, state.prompts.vocab, state.prompts.engine.limits.max_num_seqs)
 
     @app.middleware("http")
     async def stamp(request: Request, call_next: Any) -> Response:
@@ -129,47 +130,6 @@ def create_app(state: ServerState) -> FastAPI:
         return await generate(state, body, state.prompts.chat(body), True, request)
 
     return app
-
-
-def schema_as_served(app: FastAPI, state: ServerState) -> None:
-    """The schema as this server answers: FastAPI documents a 422 for every body, which this
-    server answers as a 400 in OpenAI's error body (`ERRORS`), so the 422s go; and the
-    bounds only the loaded model and engine know go in: a token id below the vocabulary's
-    size, `n` and `best_of` within `engine.max_num_seqs`."""
-    made = app.openapi
-    vocab = state.prompts.vocab - 1
-    rows = state.prompts.engine.limits.max_num_seqs
-
-    def bound(node: Any) -> None:
-        """Every integer item of a token-id list gets the vocabulary's bound."""
-        if isinstance(node, dict):
-            if node.get("type") == "array" and node.get("items", {}).get("type") == "integer":
-                node["items"]["maximum"] = vocab
-            for value in node.values():
-                bound(value)
-        elif isinstance(node, list):
-            for value in node:
-                bound(value)
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = made()
-            for path in schema.get("paths", {}).values():
-                for operation in path.values():
-                    operation.get("responses", {}).pop("422", None)
-            for name, model in schema.get("components", {}).get("schemas", {}).items():
-                props = model.get("properties", {})
-                if name in ("CompletionRequest", "ChatRequest"):
-                    bound(props.get("prompt", {}))
-                    bound(props.get("stop_token_ids", {}))
-                    for field in ("n", "best_of"):
-                        for kind in props.get(field, {}).get("anyOf", [props.get(field, {})]):
-                            if kind.get("type") == "integer":
-                                kind["maximum"] = rows
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def refusal(state: ServerState, request: Request) -> ApiError | None:

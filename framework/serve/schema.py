@@ -1,0 +1,48 @@
+"""The API's OpenAPI schema as the server answers it (`/openapi.json`, docs/server.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+
+def schema_as_served(app: FastAPI, vocab_size: int, max_num_seqs: int) -> None:
+    """The schema as this server answers: FastAPI documents a 422 for every body, which this
+    server answers as a 400 in OpenAI's error body (`ERRORS`), so the 422s go; and the
+    bounds only the loaded model and engine know go in: a token id below the vocabulary's
+    size, `n` and `best_of` within `engine.max_num_seqs`."""
+    made = app.openapi
+    vocab = vocab_size - 1
+    rows = max_num_seqs
+
+    def bound(node: Any) -> None:
+        """Every integer item of a token-id list gets the vocabulary's bound."""
+        if isinstance(node, dict):
+            if node.get("type") == "array" and node.get("items", {}).get("type") == "integer":
+                node["items"]["maximum"] = vocab
+            for value in node.values():
+                bound(value)
+        elif isinstance(node, list):
+            for value in node:
+                bound(value)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = made()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name, model in schema.get("components", {}).get("schemas", {}).items():
+                props = model.get("properties", {})
+                if name in ("CompletionRequest", "ChatRequest"):
+                    bound(props.get("prompt", {}))
+                    bound(props.get("stop_token_ids", {}))
+                    for field in ("n", "best_of"):
+                        for kind in props.get(field, {}).get("anyOf", [props.get(field, {})]):
+                            if kind.get("type") == "integer":
+                                kind["maximum"] = rows
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
