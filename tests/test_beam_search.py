@@ -25,8 +25,16 @@ BASE = ("model=tiny", "engine.block_size=4")
 PROMPTS = [list(range(40 + 9 * i, 40 + 9 * i + n)) for i, n in enumerate((13, 18, 7))]
 
 
-def hf_beams(model: Any, prompt: list[int], width: int, max_new: int) -> list[list[int]]:
-    """Hugging Face's beams, best first: `generate` with `num_beams`, no stop token."""
+def hf_beams(
+    model: Any,
+    prompt: list[int],
+    width: int,
+    max_new: int,
+    stop: int | None = None,
+    penalty: float = 1.0,
+) -> list[list[int]]:
+    """Hugging Face's beams, best first: `generate` with `num_beams`, `stop` (if any) as the
+    end-of-sequence token, each beam up to its stop."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
@@ -39,13 +47,17 @@ def hf_beams(model: Any, prompt: list[int], width: int, max_new: int) -> list[li
                 do_sample=False,
                 max_new_tokens=max_new,
                 early_stopping=False,
-                length_penalty=1.0,
-                eos_token_id=None,
-                pad_token_id=0,
+                length_penalty=penalty,
+                eos_token_id=stop,
+                pad_token_id=0 if stop is None else stop,
             )
     finally:
         model.set_attn_implementation(previous)
-    return [row[len(prompt) :].tolist() for row in out]
+    beams = []
+    for row in out:
+        tokens = row[len(prompt) :].tolist()
+        beams.append(tokens[: tokens.index(stop) + 1] if stop in tokens else tokens)
+    return beams
 
 
 def specs(width: int, max_tokens: int = 9) -> list[RequestSpec]:
@@ -95,35 +107,6 @@ def test_a_beam_search_of_width_one_is_greedy_and_scores_are_kept(tiny: Any) -> 
         assert sums[seq.id] == max(sums[m.id] for m in group.members)
 
 
-def hf_beams_stopping(
-    model: Any, prompt: list[int], width: int, max_new: int, stop: int, penalty: float
-) -> list[list[int]]:
-    """Hugging Face's beams with `stop` as the end-of-sequence token, each up to its stop."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        with eager_glue(model), torch.inference_mode():
-            out = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                num_beams=width,
-                num_return_sequences=width,
-                do_sample=False,
-                max_new_tokens=max_new,
-                early_stopping=False,
-                length_penalty=penalty,
-                eos_token_id=stop,
-                pad_token_id=stop,
-            )
-    finally:
-        model.set_attn_implementation(previous)
-    beams = []
-    for row in out:
-        tokens = row[len(prompt) :].tolist()
-        beams.append(tokens[: tokens.index(stop) + 1] if stop in tokens else tokens)
-    return beams
-
-
 @pytest.mark.parametrize("penalty", [1.0, 0.0, 2.0])
 def test_hypotheses_that_stop_are_hugging_faces(tiny: Any, penalty: float) -> None:
     """A continuation that ends on a stop token is a finished hypothesis; the search ends
@@ -133,9 +116,7 @@ def test_hypotheses_that_stop_are_hugging_faces(tiny: Any, penalty: float) -> No
     prompt = PROMPTS[1]
     met = [t for beam in hf_beams(model, prompt, 3, 9) for t in beam[2:]]
     stop = next(  # a token that ends one of Hugging Face's beams
-        t
-        for t in met
-        if any(b[-1] == t for b in hf_beams_stopping(model, prompt, 3, 9, t, penalty))
+        t for t in met if any(b[-1] == t for b in hf_beams(model, prompt, 3, 9, t, penalty))
     )
     spec = RequestSpec(
         "r0",
@@ -144,7 +125,7 @@ def test_hypotheses_that_stop_are_hugging_faces(tiny: Any, penalty: float) -> No
     )
     res = run_engine(make_cfg(*BASE), model, tok, [spec])
     ours = [s.output_token_ids for s in sorted(res.seqs, key=lambda s: s.sample_index)]
-    assert ours == hf_beams_stopping(model, prompt, 3, 9, stop, penalty)
+    assert ours == hf_beams(model, prompt, 3, 9, stop, penalty)
     assert any(o[-1] == stop for o in ours)
     m = summarize(res)
     assert m["pruned_tokens"] == 3 * m["beam_rounds"] - sum(map(len, ours))
