@@ -58,6 +58,12 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     if not errors:
         return "the request body is not valid", None
     e = errors[0]
+    # A union (a prompt's forms) fails once per form: the form that failed on its value
+    # says more than those of another type ("at most 1 item" over "not a string").
+    same = [x for x in errors if x.get("loc", ())[:2] == e.get("loc", ())[:2]]
+    specific = [x for x in same if not str(x.get("type", "")).endswith("_type")]
+    if len(same) > 1 and specific:  # a length bound first: it names what is wrong
+        e = min(specific, key=lambda x: "too_" not in str(x.get("type", "")))
     # the field's path, without pydantic's names for the union's members ("constrained-str")
     loc = [
         str(part)

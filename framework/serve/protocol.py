@@ -109,8 +109,8 @@ Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 Prompt = (
     Text
     | Ids
-    | Annotated[list[Text], Field(min_length=1)]
-    | Annotated[list[Ids], Field(min_length=1)]
+    | Annotated[list[Text], Field(min_length=1, max_length=1)]
+    | Annotated[list[Ids], Field(min_length=1, max_length=1)]
 )
 
 
