@@ -4,6 +4,8 @@ and compare greedy output against Hugging Face `generate` with the tie rule."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,23 +70,31 @@ def run_engine(cfg: DictConfig, model: Any, tokenizer: Any, specs: list[RequestS
     return engine.run(specs, tokenizer.eos_token_id)
 
 
-def hf_greedy(model: Any, prompt_ids: list[int], max_new: int, eos: int | None) -> list[int]:
-    """Batch-1 greedy decoding by Hugging Face, the reference every policy must match (its
-    own eager norms, rotary and MLP, whatever an engine fused on the model)."""
+@contextmanager
+def as_hugging_face(model: Any) -> Iterator[None]:
+    """The model as Hugging Face runs it, the reference every policy must match: its sdpa
+    attention and its own eager norms, rotary and MLP, whatever an engine fused on it;
+    restored after."""
     previous = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        with eager_glue(model):
-            out = model.generate(
-                torch.tensor([prompt_ids]),
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                max_new_tokens=max_new,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos if eos is not None else 0,
-            )
+        with eager_glue(model), torch.inference_mode():
+            yield
     finally:
         model.set_attn_implementation(previous)
+
+
+def hf_greedy(model: Any, prompt_ids: list[int], max_new: int, eos: int | None) -> list[int]:
+    """Batch-1 greedy decoding by Hugging Face (`as_hugging_face`)."""
+    with as_hugging_face(model):
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos if eos is not None else 0,
+        )
     return out[0, len(prompt_ids) :].tolist()
 
 

@@ -17,7 +17,7 @@ import torch
 
 from framework.core.request import RequestSpec, SamplingParams
 from framework.run.summary import summarize
-from tests.helpers import assert_refused, cli, eager_glue, make_cfg, run_engine
+from tests.helpers import as_hugging_face, assert_refused, cli, make_cfg, run_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,24 +35,19 @@ def hf_beams(
 ) -> list[list[int]]:
     """Hugging Face's beams, best first: `generate` with `num_beams`, `stop` (if any) as the
     end-of-sequence token, each beam up to its stop."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        with eager_glue(model), torch.inference_mode():
-            out = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                num_beams=width,
-                num_return_sequences=width,
-                do_sample=False,
-                max_new_tokens=max_new,
-                early_stopping=False,
-                length_penalty=penalty,
-                eos_token_id=stop,
-                pad_token_id=0 if stop is None else stop,
-            )
-    finally:
-        model.set_attn_implementation(previous)
+    with as_hugging_face(model):
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            num_beams=width,
+            num_return_sequences=width,
+            do_sample=False,
+            max_new_tokens=max_new,
+            early_stopping=False,
+            length_penalty=penalty,
+            eos_token_id=stop,
+            pad_token_id=0 if stop is None else stop,
+        )
     beams = []
     for row in out:
         tokens = row[len(prompt) :].tolist()

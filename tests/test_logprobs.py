@@ -19,7 +19,7 @@ import torch
 from framework.core.request import RequestSpec, SamplingParams
 from framework.core.sequence import Sequence
 from framework.core.token_logprob import TokenLogprob
-from tests.helpers import assert_refused, cli, eager_glue, hf_greedy, make_cfg, run_engine
+from tests.helpers import as_hugging_face, assert_refused, cli, hf_greedy, make_cfg, run_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,13 +44,8 @@ def specs(top: int | None = 5, prompt: int | None = None, **kw: Any) -> list[Req
 def reference(model: Any, ids: list[int]) -> torch.Tensor:
     """[len(ids), vocab] log-softmax of Hugging Face's own forward over `ids` (sdpa, its
     eager modules): row p scores the token at p + 1."""
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
-        with eager_glue(model), torch.inference_mode():
-            logits = model(torch.tensor([ids])).logits[0].float()
-    finally:
-        model.set_attn_implementation(previous)
+    with as_hugging_face(model):
+        logits = model(torch.tensor([ids])).logits[0].float()
     return torch.log_softmax(logits, dim=-1)
 
 
