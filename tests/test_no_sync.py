@@ -2,7 +2,8 @@
 of the held tokens (`SyncWatch`: reads of device values, boolean indexing, blocking copies),
 on the tiny model: decode rows through nanoserve's paged kernel and through the gather path,
 prefill over cached context (prefix caching, chunked prefill), held inputs under deferred
-output, sampled rows with top-k and top-p, and log-probabilities of a prompt and its answer."""
+output, sampled rows with top-k and top-p, log-probabilities of a prompt and its answer, and
+penalties and min_tokens."""
 
 from __future__ import annotations
 
@@ -32,6 +33,23 @@ def workload() -> list[RequestSpec]:
         RequestSpec("s", [7] * 9, sampled),
         # log-probabilities of a drawn answer and of its prompt (`framework.engine.scores`)
         RequestSpec("l", [*SHARED, 6], replace(sampled, logprobs=3, prompt_logprobs=2)),
+        # penalties and min_tokens, drawn and greedy (`framework.executors.penalties`)
+        RequestSpec(
+            "p",
+            [*SHARED, 8, 8],
+            replace(
+                sampled,
+                presence_penalty=0.5,
+                frequency_penalty=0.3,
+                repetition_penalty=1.2,
+                min_tokens=3,
+            ),
+        ),
+        RequestSpec(
+            "q",
+            [9, 9, 8, 9],
+            SamplingParams(max_tokens=6, repetition_penalty=1.5, min_tokens=2, stop_token_ids=(9,)),
+        ),
     ]
 
 
@@ -56,7 +74,7 @@ def test_no_step_waits_and_each_drain_waits_once(tiny: tuple[Any, Any], override
     engine.executor.execute = watched(engine.executor.execute, forwards)
     engine.readback.fetch = watched(engine.readback.fetch, drains)
     result = engine.run(workload(), tokenizer.eos_token_id)
-    assert len(result.seqs) == 8 and all(s.finish_reason for s in result.seqs)
+    assert len(result.seqs) == len(workload()) and all(s.finish_reason for s in result.seqs)
     scored = next(s for s in result.seqs if s.id == "l")
     assert None not in scored.output_logprobs and None not in scored.prompt_logprobs[1:]
     assert forwards and not any(forwards), forwards

@@ -1,8 +1,8 @@
 """vLLM's extra request fields, which the field's benchmarks and load generators send: each
-served (`min_p`, `add_special_tokens`, `skip_special_tokens`, `chat_template_kwargs`,
-`include_stop_str_in_output`) or accepted at its neutral value and refused otherwise by
-name (`repetition_penalty`, `min_tokens`, `spaces_between_special_tokens`); a field nobody
-knows is still refused by name."""
+served (`min_p`, `min_tokens`, the penalties, `add_special_tokens`, `skip_special_tokens`,
+`chat_template_kwargs`, `include_stop_str_in_output`) or accepted at its neutral value and
+refused otherwise by name (`spaces_between_special_tokens`); a field nobody knows is still
+refused by name."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
 
 from tests.helpers import hf_greedy  # noqa: E402
+from tests.test_penalties import reference  # noqa: E402
 from tests.test_server import EOS, FIXED, loaded, served  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,12 +69,29 @@ def test_the_load_generators_request_shapes_are_served(tiny: Any, tmp_path: Any)
         )  # fmt: skip
         assert kept.choices[0].text == plain[: plain.index(stop) + len(stop)]
 
+        # the penalties, and min_tokens, as Hugging Face's logits processors apply them
+        rule = {"presence_penalty": -2.0, "frequency_penalty": 0.5, "repetition_penalty": 1.2}
+        got = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=8, temperature=0, extra_body={**EOS, **rule}
+        )  # fmt: skip
+        want = reference(model, ids, (-2.0, 0.5, 1.2), max_new_tokens=8)
+        assert got.choices[0].text == tok.decode(want)
+        stop_id = hf_greedy(model, ids, 2, None)[1]
+        got = client.completions.create(
+            model="tiny", prompt=ids, max_tokens=8, temperature=0,
+            extra_body={"stop_token_ids": [stop_id], "min_tokens": 5},
+        )  # fmt: skip
+        stops = [stop_id, tok.eos_token_id]  # the model's EOS ends it too
+        want = reference(model, ids, (0.0, 0.0, 1.0), eos=stops, min_new_tokens=5, max_new_tokens=8)
+        assert got.choices[0].text == tok.decode(want[:-1] if want[-1] in stops else want)
+        assert got.usage.completion_tokens == len(want) >= 5
+
         for extra, field in (
-            ({"repetition_penalty": 1.2}, "'repetition_penalty': Input should be less"),
-            ({"min_tokens": 3}, "min_tokens is served with ignore_eos=true"),
+            ({"repetition_penalty": 0}, "'repetition_penalty': Input should be greater"),
+            ({"min_tokens": 3}, "min_tokens=3 is above max_tokens"),
             ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
             ({"min_p": 2.0}, "min_p"),
-            ({"frequency_penalty": 0.5}, "frequency_penalty"),
+            ({"frequency_penalty": 2.5}, "frequency_penalty"),
             ({"mystery_knob": 1}, "unknown field 'mystery_knob'"),
         ):
             r = httpx.post(

@@ -39,6 +39,21 @@ class SamplingParams:
     # greedy; the hypotheses ranked by cumulative log-probability / length ** length_penalty.
     beam_width: int = 1
     length_penalty: float = 1.0
+    # Penalties on tokens the sequence already has, as OpenAI and vLLM define them: each
+    # output token's logit less `presence_penalty` once and `frequency_penalty` per time it
+    # was sampled; a prompt or output token's logit divided (if positive) or multiplied by
+    # `repetition_penalty`. Neutral: 0, 0, 1. Applied on the device
+    # (`framework.executors.penalties`); log-probabilities stay the model's own.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # No stop token (EOS unless ignored, `stop_token_ids`) among the first `min_tokens`
+    # output tokens: they are masked out of the draw.
+    min_tokens: int = 0
+    # Whether a penalty applies; whether the logits are changed before the draw (a penalty,
+    # or `min_tokens`): read for every row of every step, so set once.
+    penalized: bool = field(init=False, repr=False, compare=False, default=False)
+    shaped: bool = field(init=False, repr=False, compare=False, default=False)
     # Whether each output token's log-probabilities are computed (`scored_top` is not None):
     # read for every row of every step, so set once.
     scored: bool = field(init=False, repr=False, compare=False, default=False)
@@ -70,6 +85,26 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
                 raise ValueError(f"sampling.{name} must be None or an integer >= 0, got {k!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"sampling.{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(
+                f"sampling.repetition_penalty must be > 0 (1: none), got {self.repetition_penalty}"
+            )
+        m = self.min_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_tokens:
+            raise ValueError(f"sampling.min_tokens must be an integer in [0, max_tokens]: {m!r}")
+        penalized = (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
+            0.0, 0.0, 1.0
+        )  # fmt: skip
+        if self.beam_width > 1 and (penalized or m):
+            raise ValueError(
+                "sampling.beam_width > 1 ranks the model's own log-probabilities: no penalties "
+                "and no min_tokens"
+            )
+        object.__setattr__(self, "penalized", penalized)
+        object.__setattr__(self, "shaped", penalized or m > 0)
         object.__setattr__(self, "scored", self.scored_top is not None)
 
     @property

@@ -39,6 +39,12 @@ class Row:
     # token after each of the row's first len(prompt_targets) queries, scored from their
     # logits (`framework.engine.scores`). None for every other row.
     prompt_targets: list[int] | None = None
+    # The tokens this row may not sample: its stop tokens while its output is shorter than
+    # `sampling.min_tokens`. Empty for every other row.
+    banned: tuple[int, ...] = ()
+    # A penalized sequence's tokens so far (prompt, output) on the first row of it the
+    # executor computes, where its state starts (`framework.engine.sequence_state`).
+    history: tuple[list[int], list[int]] | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -82,6 +88,12 @@ class StepBatch:
     # KV blocks copied within the device before the forward, (from, to), after the copies
     # out: the block each sample forked this step writes next (copy on write).
     copies: tuple[tuple[int, int], ...] = ()
+    # Sequences that left the engine for good since the last step: the executor drops the
+    # state it kept for them (`framework.engine.sequence_state`).
+    ended: tuple[str, ...] = ()
+    # Whether some row's logits change before its draw (`SamplingParams.shaped`): else the
+    # executor looks at no row for it.
+    shaped: bool = False
 
     @classmethod
     def counted(
@@ -96,10 +108,12 @@ class StepBatch:
         waiting: int = 0,
         swaps: Swaps = NO_SWAPS,
         copies: tuple[tuple[int, int], ...] = (),
+        ended: tuple[str, ...] = (),
+        shaped: bool = False,
     ) -> StepBatch:
         """A batch whose counts its builder already took while packing it (the engine does:
         at trace scale three more passes over the rows were a tenth of its host work)."""
-        batch = cls(rows, device_inputs, waiting, swaps, copies)
+        batch = cls(rows, device_inputs, waiting, swaps, copies, ended, shaped)
         batch.__dict__.update(  # what the cached properties below would compute
             num_tokens=num_tokens,
             prefill_tokens=prefill_tokens,

@@ -15,6 +15,7 @@ from framework.core.sequence import Sequence
 from framework.engine.batch import HELD, Row, StepBatch
 from framework.engine.held import HeldStep
 from framework.engine.invariants import InvariantError
+from framework.engine.sequence_state import SequenceStates
 from framework.engine.step_plan import StepPlan
 
 
@@ -56,6 +57,7 @@ class BatchBuilder:
         self.scratch_block = scratch_block
         self.fail = fail  # a policy's error, naming it (`Planner.fail`)
         self.map_slots = True
+        self.states = SequenceStates()  # the sequences the executor keeps counts for
 
     def short_table(self, seq: Sequence, exc: IndexError) -> Exception:
         """What an IndexError while building `seq`'s row means: the allocator left it too
@@ -78,6 +80,7 @@ class BatchBuilder:
         map_slots = self.map_slots
         rows: list[Row] = []
         num_tokens = prefill_tokens = decode_rows = sampling_rows = 0
+        shaped = False
         try:
             for i, seq in enumerate(running):
                 # `total_len` and `id` inlined: this loop runs for every row of every step,
@@ -144,22 +147,17 @@ class BatchBuilder:
                 end = start + q
                 samples = end == total_len
                 prefill = start < seq.prefill_end
-                rows.append(
-                    Row(
-                        spec.id,
-                        tokens,
-                        start,
-                        row_slots,
-                        table,
-                        end,
-                        sampling,
-                        index,
-                        False,
-                        samples,
-                        prefill,
-                        targets,
-                    )
-                )
+                row = Row(
+                    spec.id, tokens, start, row_slots, table, end, sampling, index, False,
+                    samples, prefill, targets,
+                )  # fmt: skip
+                if sampling.shaped:
+                    shaped = True
+                    if index < sampling.min_tokens:
+                        row.banned = tuple(seq.stop_ids)
+                    if sampling.penalized:
+                        row.history = self.states.history(seq)
+                rows.append(row)
                 num_tokens += q
                 if prefill:
                     prefill_tokens += q
@@ -179,4 +177,6 @@ class BatchBuilder:
             waiting=waiting,
             swaps=plan.swaps,
             copies=plan.copies,
+            ended=self.states.ended() if self.states else (),
+            shaped=shaped,
         )

@@ -33,6 +33,7 @@ from framework.executors.kernel_choice import (
 from framework.executors.kernels.argmax import kernel_argmax
 from framework.executors.logprobs import keep_scored, score
 from framework.executors.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
+from framework.executors.penalties import TokenCounts
 from framework.executors.sampler import sample
 
 # Where a step's logits are read when some row scores prompt positions: each row's last
@@ -101,6 +102,7 @@ class HFExecutor:
         self.kernel = self.decode.use
         self.greedy = choose_argmax(argmax_kernel, device, cfg.vocab_size)
         self._argmax = kernel_argmax if self.greedy.use else None
+        self.counts = TokenCounts(cfg.vocab_size, device)  # penalized sequences' tokens
         self.graphed = graphs or Choice(False, "set", "")
         self.graphs: DecodeGraphs | None = None
         self.graph_steps = 0  # decode steps this executor ran through the static buffers
@@ -308,7 +310,13 @@ class HFExecutor:
             pick, scored = picks
             prompt_logits = logits.index_select(0, scored)
             logits = logits if pick is None else logits.index_select(0, pick)
-        tokens = sample(logits.float(), batch.rows, self._argmax)
+        if batch.ended:
+            self.counts.end(batch.ended)
+        drawn, counting = (logits.float(), None)
+        if batch.shaped:  # penalties, min_tokens: a copy, the model's logits left to score
+            drawn, counting = self.counts.shape(drawn, batch)
+        tokens = sample(drawn, batch.rows, self._argmax)
+        self.counts.count(tokens, counting)
         scores = None
         if plan is not None:
             scores = score(batch.rows, plan, logits, tokens, prompt_logits)

@@ -206,6 +206,16 @@ def check_executor(x: Any) -> None:
             )
 
 
+def shaping(cfg: Any) -> str | None:
+    """The first workload field that changes the model's logits before the draw (a penalty,
+    min_tokens), else None."""
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+    for name, value in {**neutral, "min_tokens": 0}.items():
+        if OmegaConf.select(cfg, f"workload.{name}", default=value) != value:
+            return name
+    return None
+
+
 def check_beams(cfg: Any) -> None:
     """Beam search (`workload.beam_width` > 1) where it can run: one line naming what
     stands in its way."""
@@ -221,6 +231,8 @@ def check_beams(cfg: Any) -> None:
         why = "a request's beams must stay on one replica: no cluster.backend=ray or faults"
     elif OmegaConf.select(cfg, "workload.temperature", default=0.0):
         why = "beam search is greedy: workload.temperature=0"
+    elif shaping(cfg):
+        why = f"beam search ranks the model's own log-probabilities: no workload.{shaping(cfg)}"
     elif (n := OmegaConf.select(cfg, "workload.n", default=1)) > width:
         why = f"workload.n={n} beams returned must be <= beam_width"
     elif width > cfg.engine.max_num_seqs:
@@ -243,6 +255,12 @@ def check_run(cfg: Any) -> None:
             f"engine.max_num_seqs={cfg.engine.max_num_seqs} rows; raise it, or lower n"
         )
     check_beams(cfg)
+    if (field := shaping(cfg)) and cfg.executor.name == "simulated":
+        asked = OmegaConf.select(cfg, f"workload.{field}")
+        raise ValueError(
+            f"workload.{field}={asked}: a simulated executor has no logits to change; use "
+            "executor=model"
+        )
     for name in ("logprobs", "prompt_logprobs"):
         asked = OmegaConf.select(cfg, f"workload.{name}", default=None)
         if asked is not None and cfg.executor.name == "simulated":

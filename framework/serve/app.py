@@ -227,7 +227,7 @@ class Answer:
         self.texts = [
             TextStream(
                 state.tokenizer, body.stops(), body.skip_special_tokens,
-                body.include_stop_str_in_output,
+                body.include_stop_str_in_output, body.min_tokens,
             )
             for _ in range(n)
         ]  # fmt: skip

@@ -87,6 +87,8 @@ class Prompts:
             why = "beam search is not streamed (its beams change until the end)"
         elif body.temperature != 0:
             why = "beam search is greedy: set temperature=0"
+        elif body.shaping():
+            why = f"beam search ranks the model's own log-probabilities: no {body.shaping()}"
         elif samples < 2:
             why = "beam search needs best_of (or n) >= 2 beams"
         elif not self.engine.pool.forks:
@@ -114,6 +116,11 @@ class Prompts:
                     )
             else:
                 max_tokens = COMPLETION_MAX_TOKENS
+        if body.min_tokens > max_tokens:
+            raise ApiError(
+                400, f"min_tokens={body.min_tokens} is above the answer's {max_tokens} tokens",
+                "min_tokens",
+            )  # fmt: skip
         rows = self.engine.limits.max_num_seqs
         samples = body.samples
         if samples > rows:
@@ -144,6 +151,12 @@ class Prompts:
                 "has no logits)",
                 field,
             )
+        shaping = body.shaping()
+        if shaping and not getattr(self.engine.executor, "scores", False):
+            raise ApiError(
+                400, f"{shaping}: this server's executor has no logits to change (a simulator)",
+                shaping,
+            )  # fmt: skip
         sampling = SamplingParams(
             temperature=body.temperature,
             top_k=max(0, body.top_k),
@@ -158,6 +171,10 @@ class Prompts:
             prompt_logprobs=prompt_logprobs,
             beam_width=beams,
             length_penalty=body.length_penalty,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            repetition_penalty=body.repetition_penalty,
+            min_tokens=body.min_tokens,
         )
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         return RequestSpec(f"{prefix}-{uuid.uuid4().hex}", ids, sampling)

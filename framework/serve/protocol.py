@@ -25,8 +25,9 @@ def _has_boolean(value: Any) -> bool:
 
 
 class SamplingFields(BaseModel):
-    """What both endpoints accept. Fields OpenAI defines that this server cannot honour are
-    accepted only at their neutral value (the schema says so), and refused otherwise. A
+    """What both endpoints accept. Fields OpenAI defines that this server cannot honour
+    (`logit_bias`, `suffix`) are accepted only at their neutral value (the schema says so),
+    and refused otherwise. A
     boolean is no number (`no_booleans`), as the schema says."""
 
     model_config = ConfigDict(extra="forbid")
@@ -63,22 +64,18 @@ class SamplingFields(BaseModel):
     length_penalty: float = 1.0
     # vLLM's other sampling fields (its benchmarks and load generators send them)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    min_tokens: int = Field(default=0, ge=0)
-    repetition_penalty: float = Field(default=1.0, ge=1.0, le=1.0)  # not served: 1 only
+    min_tokens: int = Field(default=0, ge=0)  # no stop token, nor stop string, before
+    repetition_penalty: float = Field(default=1.0, gt=0.0)  # on prompt and output tokens
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: Literal[True] = True
     include_stop_str_in_output: StrictBool = False
     user: str | None = None
-    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)  # not served: 0 only
-    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for a value this server does not serve, else None."""
-        if self.min_tokens and not self.ignore_eos:
-            return "min_tokens", (
-                "min_tokens is served with ignore_eos=true (every answer max_tokens long), or 0"
-            )
         if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             return "min_tokens", f"min_tokens={self.min_tokens} is above max_tokens"
         return None
@@ -86,6 +83,15 @@ class SamplingFields(BaseModel):
     def scoring(self) -> tuple[int | None, int | None]:
         """(alternatives scored per output token, per prompt token); None: not scored."""
         return None, None
+
+    def shaping(self) -> str | None:
+        """The first field that changes the logits before the draw (a penalty, min_tokens),
+        else None: each needs the model's logits, and none goes with beam search."""
+        neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+        for name, value in neutral.items():
+            if getattr(self, name) != value:
+                return name
+        return "min_tokens" if self.min_tokens else None
 
     @property
     def samples(self) -> int:

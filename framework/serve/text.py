@@ -12,11 +12,18 @@ class TextStream:
     A piece is sent once no later token can change it: not while it ends in an incomplete
     UTF-8 character (the tokenizer's U+FFFD), and not while its tail could be the start of
     a stop string. When a stop string appears, the text ends before it, and `tokens` is the
-    count of tokens up to the one that completed it (what `usage` reports).
+    count of tokens up to the one that completed it (what `usage` reports). As in vLLM,
+    a stop string counts only once it is completed by the `min_tokens`-th token or a later
+    one: one wholly in the text of the tokens before is not looked for.
     """
 
     def __init__(
-        self, tokenizer: Any, stops: list[str], skip_special: bool = True, keep_stop: bool = False
+        self,
+        tokenizer: Any,
+        stops: list[str],
+        skip_special: bool = True,
+        keep_stop: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
@@ -27,6 +34,8 @@ class TextStream:
         self.sent = 0  # characters sent
         self.stopped = False
         self.tokens = 0
+        self.min_tokens = min_tokens
+        self.floor: int | None = None if min_tokens > 1 else 0  # the text before them: its length
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
@@ -39,11 +48,13 @@ class TextStream:
         self.ids.extend(ids)
         self.tokens = len(self.ids)
         text = self.decode(self.ids)
-        cut = self._find_stop(text)
+        if self.floor is None and len(self.ids) >= self.min_tokens:
+            self.floor = len(self.decode(self.ids[: self.min_tokens - 1]))
+        cut = self._find_stop(text) if self.floor is not None else None
         if cut is not None:
             self.stopped = True
             # The token that completed the stop string: the first prefix whose text holds it.
-            for k in range(start + 1, len(self.ids) + 1):
+            for k in range(max(start + 1, self.min_tokens), len(self.ids) + 1):
                 if self._find_stop(self.decode(self.ids[:k])) is not None:
                     self.tokens = k
                     break
@@ -68,7 +79,12 @@ class TextStream:
     def _find_stop(self, text: str) -> int | None:
         """Where the text ends for the first stop string in it: before it, or after it
         where it is kept."""
-        found = [(i, len(s)) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
+        floor = self.floor or 0  # where a stop string may start and still count
+        found = [
+            (i, len(s))
+            for i, s in ((text.find(s, max(0, floor - len(s) + 1)), s) for s in self.stops)
+            if i >= 0
+        ]
         if not found:
             return None
         at, size = min(found)

@@ -45,6 +45,11 @@ def check_sampling(cfg: WorkloadConfig) -> None:
             require_at_least(name, k, 0)
     if not 0.0 < cfg.top_p <= 1.0:
         raise ValueError(f"workload.top_p must be in (0, 1]; got {cfg.top_p}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= getattr(cfg, name) <= 2.0:
+            raise ValueError(f"workload.{name} must be in [-2, 2]; got {getattr(cfg, name)}")
+    require_positive("repetition_penalty", cfg.repetition_penalty)
+    require_at_least("min_tokens", cfg.min_tokens, 0)
 
 
 def sampling_for(
@@ -67,8 +72,13 @@ def sampling_for(
         "prompt_logprobs": cfg.prompt_logprobs,
         "beam_width": cfg.beam_width,
         "length_penalty": cfg.length_penalty,
+        "presence_penalty": cfg.presence_penalty,
+        "frequency_penalty": cfg.frequency_penalty,
+        "repetition_penalty": cfg.repetition_penalty,
     }
     fields.update(overrides)
+    # A request shorter than workload.min_tokens (a trace's) runs to its own length.
+    fields.setdefault("min_tokens", min(cfg.min_tokens, fields["max_tokens"]))
     return SamplingParams(**fields)
 
 

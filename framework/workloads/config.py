@@ -41,6 +41,13 @@ class WorkloadConfig:
     # beam, the best first), hypotheses ranked by log-probability / length ** length_penalty.
     beam_width: int = 1
     length_penalty: float = 1.0
+    # Penalties on tokens a sequence already has (OpenAI's and vLLM's; neutral 0, 0, 1), and
+    # no stop token among the first `min_tokens` output tokens (at most a request's
+    # max_tokens): they change the model's logits, so a simulator refuses them.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
 
 
 @dataclass
