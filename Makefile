@@ -34,9 +34,10 @@ $(RAY_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray]'
 	touch $(RAY_STAMP)
 
-# The `serve` extra (FastAPI, uvicorn, prometheus_client, and the `openai` client the tests
-# drive the server with): `python serve.py` needs it; the tests install it, and the `bench`
-# extra (guidellm, the load generator of experiments/serve_bench.py) with it.
+# The `serve` extra (FastAPI, uvicorn, prometheus_client, the `openai` client the tests
+# drive the server with, and schemathesis, which fuzzes it): `python serve.py` needs it;
+# the tests install it, and the `bench` extra (guidellm, the load generator of
+# experiments/serve_bench.py) with it.
 setup-serve: $(SERVE_STAMP)
 
 $(SERVE_STAMP): $(STAMP) pyproject.toml

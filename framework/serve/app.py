@@ -31,7 +31,7 @@ from framework.serve.protocol import (
     completion_body,
     usage,
 )
-from framework.serve.schema import schema_as_served
+from framework.serve.schema import ANSWERED, schema_as_served
 from framework.serve.text import TextStream
 
 # The engine's finish reasons as OpenAI's: a stop string is a stop; an abort (the server
@@ -121,11 +121,11 @@ def create_app(state: ServerState) -> FastAPI:
             ],
         }
 
-    @app.post("/v1/completions", responses=ERRORS)
+    @app.post("/v1/completions", responses={**ANSWERED, **ERRORS})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await generate(state, body, state.prompts.completion(body), False, request)
 
-    @app.post("/v1/chat/completions", responses=ERRORS)
+    @app.post("/v1/chat/completions", responses={**ANSWERED, **ERRORS})
     async def chat(body: ChatRequest, request: Request) -> Response:
         return await generate(state, body, state.prompts.chat(body), True, request)
 
