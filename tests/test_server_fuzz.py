@@ -139,6 +139,10 @@ class CrossFieldRules:
             temperature = body.get("temperature", 1.0)
             if isinstance(temperature, int | float) and temperature != 0:
                 return "use_beam_search with temperature > 0"
+            # beam search ranks the model's own log-probabilities: no penalty, no min_tokens
+            neutral = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+            if any(body.get(k, v) != v for k, v in neutral.items()) or body.get("min_tokens"):
+                return "use_beam_search with a penalty or min_tokens"
             # beam search needs at least 2 beams (best_of, else n)
             if samples < 2:
                 return "use_beam_search with fewer than 2 beams"
@@ -259,6 +263,8 @@ CROSS_FIELD = [
      "use_beam_search"),
     ("/v1/completions", {"use_beam_search": True, "n": 2, "temperature": 0.5}, "use_beam_search"),
     ("/v1/chat/completions", {"use_beam_search": True, "temperature": 0}, "use_beam_search"),
+    ("/v1/completions", {"use_beam_search": True, "n": 2, "temperature": 0,
+                         "presence_penalty": 0.5}, "use_beam_search"),
     ("/v1/completions", {"min_tokens": 3, "max_tokens": 2, "ignore_eos": True}, "min_tokens"),
 ]  # fmt: skip
 
