@@ -45,6 +45,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.progress import Progress
 
+from experiments.bench.batch_sweep import run_sweep
 from experiments.bench.peers import hf_static
 from experiments.bench.probe import Probe, probe
 from experiments.bench.report import Pass, headline, is_reference, write
@@ -77,7 +78,9 @@ CHAT_QUEUE = 48  # chat48: the shipped chat prompts, repeated to this many, all 
 # SmolLM2 on a small CPU (raise --requests / the caps for a longer, queued slice).
 FULL = {"requests": 24, "max_prompt": 128, "max_output": 32, "probe_mb": 512, "probe_batch": 64}
 FULL |= {"matmul_n": 2048, "probe_prompt": 64, "probe_steps": 16, "rounds": 3}
+FULL |= {"sweep_prompt": 128, "sweep_gen": 32}
 QUICK = {"requests": 6, "max_prompt": 24, "max_output": 8, "probe_mb": 16}
+QUICK |= {"sweep_prompt": 16, "sweep_gen": 4}
 QUICK |= {"matmul_n": 128, "probe_prompt": 8, "probe_steps": 4, "rounds": 1}
 
 
@@ -227,6 +230,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--no-probe", action="store_true", help="skip the machine section")
     ap.add_argument(
+        "--batch-sweep",
+        type=lambda t: [int(x) for x in t.split(",") if x],
+        help="only a batch-size sweep as llama-batched-bench makes one (batch_sweep.py), e.g. "
+        "1,2,4,8,16,32,64",
+    )
+    ap.add_argument("--sweep-prompt", type=int, help="the sweep's prompt tokens (128; quick 16)")
+    ap.add_argument("--sweep-gen", type=int, help="the sweep's generated tokens (32; quick 4)")
+    ap.add_argument("--llama-batched-bench", help="llama.cpp's binary, for the sweep's peer")
+    ap.add_argument("--gguf", help="the GGUF file llama-batched-bench runs")
+    ap.add_argument(
         "--probe-batch",
         type=int,
         help="rows of the largest-batch probe (64; quick: engine.max_num_seqs)",
@@ -266,6 +279,8 @@ def main(argv: list[str] | None = None) -> Path:
     with threads_kept() as threads:
         torch.set_num_threads(args.threads or compose_cfg(overrides).threads or threads)
         dtypes = dtypes_to_run(args, overrides)
+        if args.batch_sweep:
+            return run_sweep(args, dtypes, overrides)
         for dt in dtypes:
             over = [*(o for o in overrides if not o.startswith("dtype=")), f"dtype={dt}"]
             rows, machine, rate_note, kernels = benchmark(args, over)
