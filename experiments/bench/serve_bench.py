@@ -95,7 +95,7 @@ def stop_server(proc: Any) -> None:
         proc.kill()
 
 
-def server_requests(run_dir: Path) -> dict[str, dict[str, float]]:
+def server_requests(run_dir: Path) -> dict[str, dict[str, Any]]:
     """The server's own figures by request id (its run folder's requests.csv)."""
     out = {}
     with (run_dir / "requests.csv").open() as f:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from framework.run.paths import ROOT
 
@@ -49,7 +50,7 @@ class ClientRun:
     seconds, `tokens` the output tokens it counted), how many failed, and its own
     output throughput (tokens/s, as the tool computes it)."""
 
-    requests: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    requests: dict[str, dict[str, Any]] = field(default_factory=dict)  # float or None each
     completed: int = 0
     failed: int = 0
     output_tok_s: float | None = None
