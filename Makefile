@@ -9,7 +9,7 @@ RAY_STAMP := $(VENV)/.installed-ray
 SERVE_STAMP := $(VENV)/.installed-serve
 ARGS ?=
 
-.PHONY: setup setup-ray setup-serve run test lint clean
+.PHONY: setup setup-ray setup-serve setup-loadgen run test lint clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,27 @@ $(SERVE_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,serve,bench]'
 	touch $(SERVE_STAMP)
 
+# aiperf and inference-perf, the other load generators of experiments/serve_bench.py, each
+# in a venv of its own, where serve_bench finds them (or give --aiperf / --inference-perf
+# PATH): beside the project, aiperf would downgrade huggingface_hub (to 1.x), transformers,
+# rich, pandas, pillow and prometheus_client, and inference-perf needs Python >= 3.12 and
+# pins transformers==5.13.0. Neither pulls torch. PYTHON312: the first Python >= 3.12 found.
+AIPERF := .venv-aiperf/bin/aiperf
+INFERENCE_PERF := .venv-inference-perf/bin/inference-perf
+PYTHON312 ?= $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versions/3.1[23]*/bin/python3; do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+
+setup-loadgen: $(AIPERF) $(INFERENCE_PERF)
+
+$(AIPERF):
+	$(PYTHON) -m venv .venv-aiperf
+	.venv-aiperf/bin/pip install -q aiperf==0.13.0
+
+$(INFERENCE_PERF):
+	test -n "$(PYTHON312)" || { echo "inference-perf needs Python >= 3.12: set PYTHON312=..."; exit 1; }
+	$(PYTHON312) -m venv .venv-inference-perf
+	.venv-inference-perf/bin/pip install -q inference-perf==0.7.0
+
 run: $(STAMP)
 	$(BIN)/python run.py $(ARGS)
 
@@ -59,4 +80,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) outputs multirun .cache
+	rm -rf $(VENV) .venv-aiperf .venv-inference-perf outputs multirun .cache
