@@ -67,6 +67,12 @@ class Stream:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+def deliver(items: list[tuple[Stream, Event]]) -> None:
+    """On a handlers' event loop: a step's events, each to its stream, in order."""
+    for stream, event in items:
+        stream.events.put_nowait(event)
+
+
 STOP = object()
 
 
@@ -318,8 +324,12 @@ class EngineLoop:
         clock.resume()
 
     def _publish(self) -> None:
-        """Each live request's released tokens to its handler; the finished ones leave."""
+        """Each live request's released tokens to its handler; the finished ones leave.
+        A step's events reach each event loop in one call: one wake-up of the loop a step,
+        not one a request (each wakes it through a pipe, and takes the GIL from the engine
+        thread on two cores)."""
         done = []
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Stream, Event]]] = {}
         for seq, stream in self.live.items():
             out = seq.output_token_ids
             n = len(out)
@@ -336,10 +346,12 @@ class EngineLoop:
                 if sp.prompt_logprobs is not None and sent == 0:  # one copy: the leader's
                     scored = seq.group.leader if seq.group is not None else seq
                     event.prompt_logprobs = list(scored.prompt_logprobs)
-                stream.put(event)
+                batches.setdefault(stream.loop, []).append((stream, event))
                 stream.sent[i] = n
             if finish is not None:
                 done.append(seq)
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(deliver, items)
         for seq in done:
             del self.live[seq]
             if self.on_finished is not None:
