@@ -38,6 +38,20 @@ SMALL = [
 ]
 
 
+# The policies that change how a request's tokens are computed (deferred output, chunks, a
+# prefix cache, preemption by recompute and by swap), on the tiny model with 4-token blocks:
+# what a feature that reads the logits must give the same answer under.
+COMPUTE_POLICIES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "deferred": ("output=deferred", "window=4"),
+    "chunked": ("scheduler=chunked", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=4"),
+    "prefix_cache": ("allocator=prefix_cache",),
+    "preempted": ("allocator=incremental", "engine.num_blocks=20"),
+    "swapped": ("allocator=incremental", "engine.num_blocks=20",
+                "engine.host_kv_memory_mb=1", "preemption.mode=swap"),
+}  # fmt: skip
+
+
 def make_cfg(*overrides: str) -> DictConfig:
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         return compose(config_name="config", overrides=list(overrides))

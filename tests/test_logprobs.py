@@ -19,6 +19,7 @@ import torch
 from framework.core.request import RequestSpec, SamplingParams
 from framework.core.sequence import Sequence
 from framework.core.token_logprob import TokenLogprob
+from tests.helpers import COMPUTE_POLICIES as POLICIES
 from tests.helpers import as_hugging_face, assert_refused, cli, hf_greedy, make_cfg, run_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -77,17 +78,6 @@ def check_seq(model: Any, seq: Sequence, top: int | None, prompt_top: int | None
         assert scored.prompt_logprobs[0] is None  # nothing predicts the first token
         for p in range(1, len(prompt)):
             check_entry(scored.prompt_logprobs[p], ref[p - 1], prompt[p], prompt_top)
-
-
-POLICIES = {
-    "default": (),
-    "deferred": ("output=deferred", "window=4"),
-    "chunked": ("scheduler=chunked", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=4"),
-    "prefix_cache": ("allocator=prefix_cache",),
-    "preempted": ("allocator=incremental", "engine.num_blocks=20"),
-    "swapped": ("allocator=incremental", "engine.num_blocks=20",
-                "engine.host_kv_memory_mb=1", "preemption.mode=swap"),
-}  # fmt: skip
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=list(POLICIES))

@@ -17,7 +17,14 @@ from framework.engine.sequence_state import SequenceStates
 from framework.executors.penalties import TokenCounts
 from framework.plugin_host.registry import registry
 from framework.run.app import build_engine
-from tests.helpers import as_hugging_face, assert_refused, cli, make_cfg, run_engine
+from tests.helpers import (
+    COMPUTE_POLICIES,
+    as_hugging_face,
+    assert_refused,
+    cli,
+    make_cfg,
+    run_engine,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,16 +88,7 @@ def specs(**kw: Any) -> list[RequestSpec]:
     ]  # fmt: skip
 
 
-POLICIES = {
-    "default": (),
-    "deferred": ("output=deferred", "window=4"),
-    "chunked": ("scheduler=chunked", "engine.max_num_batched_tokens=8", "engine.max_num_seqs=4"),
-    "prefix_cache": ("allocator=prefix_cache",),
-    "preempted": ("allocator=incremental", "engine.num_blocks=20"),
-    "swapped": ("allocator=incremental", "engine.num_blocks=20",
-                "engine.host_kv_memory_mb=1", "preemption.mode=swap"),
-    "static": ("scheduler=static",),
-}  # fmt: skip
+POLICIES = {**COMPUTE_POLICIES, "static": ("scheduler=static",)}
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=list(POLICIES))
