@@ -202,13 +202,15 @@ def test_a_disagreeing_peer_keeps_its_times_and_says_how_much_agrees() -> None:
 
 
 def test_peers_warm_once_per_workload_then_time(stand_in: str, tmp_path: Path) -> None:
-    with HttpPeers([], 2, 1, "float32", tmp_path) as peers:
+    with HttpPeers([], 2, 1, "float32", tmp_path, "smollm2") as peers:
         peers.urls[LLAMA] = stand_in  # started: no build, no subprocess
         work = specs([2, 2])
         first = peers.serve(LLAMA, work)
         peers.serve(LLAMA, work)
     assert len(StandIn.bodies) == 3 * len(work)  # one untimed pass, then two timed
     assert first.outputs["r1"] == answer(1, 2) and "/completion" in first.note
+    with HttpPeers([], 2, 1, "float32", tmp_path, "tiny") as peers, pytest.raises(ValueError):
+        peers.serve(LLAMA, work)  # SmolLM2's GGUF against another model: refused, not timed
 
 
 # A stand-in llama-server as a process of its own: /health, and one token per request.

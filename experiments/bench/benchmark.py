@@ -114,7 +114,8 @@ def benchmark(
     servers: Any = contextlib.nullcontext()
     if LLAMA in args.peers:  # started on first use, stopped with this dtype's pass
         threads = torch.get_num_threads()
-        servers = HttpPeers(overrides, cfg.engine.max_num_seqs, threads, cfg.dtype, args.out)
+        slots, source = cfg.engine.max_num_seqs, cfg.model.source
+        servers = HttpPeers(overrides, slots, threads, cfg.dtype, args.out, source)
         ctx.http = servers
     with servers, Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("benchmark", total=total)

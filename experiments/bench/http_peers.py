@@ -91,10 +91,10 @@ class HttpPeers:
     """The servers of one dtype's pass, started on first use and stopped on exit."""
 
     def __init__(
-        self, overrides: list[str], slots: int, threads: int, dtype: str, out: Path
+        self, overrides: list[str], slots: int, threads: int, dtype: str, out: Path, model: str
     ) -> None:
         self.overrides, self.slots, self.threads, self.dtype = overrides, slots, threads, dtype
-        self.out = out
+        self.out, self.model = out, model
         self.stack = contextlib.ExitStack()
         self.urls: dict[str, str] = {}
         self.seen: set[tuple[str, int]] = set()
@@ -114,6 +114,8 @@ class HttpPeers:
             cmd = serve_command(self.overrides, port, self.threads, log_dir / f"serve-{self.dtype}")
             log = log_dir / f"serve-{self.dtype}.log"
             return self.stack.enter_context(llamacpp.serving(cmd, port, log, cwd=ROOT))
+        if self.model != "smollm2":  # its GGUF is SmolLM2's: another model would time nothing
+            raise ValueError(f"llama.cpp serves SmolLM2's GGUF only, not model={self.model}")
         kind = EXTRA.get(system) or llamacpp.GGUF_TYPES.get(self.dtype)
         if kind is None:
             raise ValueError(f"llama.cpp has no GGUF type for {self.dtype}")
