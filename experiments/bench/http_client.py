@@ -166,20 +166,26 @@ def record(specs: list[RequestSpec], got: list[_Got], name: str) -> Served:
     them; else (nanoserve's OpenAI stream carries text) the text in `texts`. A request whose
     token count is not its `max_tokens` is named in the note."""
     served = Served({}, {s.id: s.arrival for s in specs})
-    short = []
+    short, unsent = [], 0
     for s, g in zip(specs, got, strict=True):
         if g.has_ids:
             served.outputs[s.id] = g.tokens
         served.texts[s.id] = "".join(g.text)
-        n = len(g.tokens) if g.has_ids else g.count
+        n = g.count if g.count is not None else (len(g.tokens) if g.has_ids else None)
+        if n is not None:
+            served.counts[s.id] = n
+            # llama-server holds back a token whose text ends mid-character, and its stream's
+            # last chunk carries no ids: such a last token is counted, its id never seen.
+            unsent += n - len(g.tokens) if g.has_ids else 0
         if n is not None and n != s.sampling.max_tokens:
             short.append(f"{s.id} {n}/{s.sampling.max_tokens}")
         if g.first is not None:
             served.first[s.id] = g.first
         if g.finish is not None:
             served.finish[s.id] = g.finish
-    if short:
-        served.note = f"{name}: tokens not as asked: {', '.join(short[:5])}"
+    notes = [f"{name}: tokens not as asked: {', '.join(short[:5])}" if short else ""]
+    notes.append(f"{unsent} last tokens' ids not streamed" if unsent else "")
+    served.note = "; ".join(n for n in notes if n)
     served.wall_s = max(served.finish.values(), default=0.0)
     return served
 

@@ -37,6 +37,7 @@ import httpx
 VERSION = "0.3.36"  # llama-cpp-python's sdist, and with it llama.cpp's commit
 TARGETS = ("llama-server", "llama-quantize")
 GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16"}  # nanoserve's dtype -> llama.cpp's file
+KV_TYPES = {"F32": "f32", "BF16": "bf16"}  # the KV cache in the weights' dtype, as nanoserve's
 START_TIMEOUT_S = 300.0  # loading a 135M model takes seconds; a stuck start fails the row
 
 
@@ -117,16 +118,24 @@ def quantize_command(layout: Layout, source: Path, kind: str, threads: int) -> l
 
 
 def server_command(
-    layout: Layout, gguf: Path, port: int, slots: int, threads: int, context: int
+    layout: Layout,
+    gguf: Path,
+    port: int,
+    slots: int,
+    threads: int,
+    context: int,
+    kv: str | None = None,
 ) -> list[str]:
     """`llama-server` as the benchmark runs it: `slots` parallel sequences with continuous
     batching (its default), `context` KV cells in all (split among the slots), `threads` for
-    decode and for prompt batches alike, 127.0.0.1 only."""
-    return [
+    decode and for prompt batches alike, 127.0.0.1 only; the KV cache in `kv` (f32, bf16),
+    as nanoserve keeps it in the weights' dtype (None: llama.cpp's default, f16)."""
+    cmd = [
         str(layout.binary("llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
         "--port", str(port), "-np", str(slots), "-c", str(context), "-t", str(threads),
         "-tb", str(threads), "--cache-ram", "0", "--no-webui",
     ]  # fmt: skip
+    return cmd + (["-ctk", kv, "-ctv", kv] if kv else [])
 
 
 def context_size(slots: int, longest: int) -> int:
@@ -240,6 +249,7 @@ def llama_server(
     layout = ensure_built(layout)
     gguf = ensure_gguf(layout, kind, threads)
     port = free_port()
-    cmd = server_command(layout, gguf, port, slots, threads, context_size(slots, longest))
+    room = context_size(slots, longest)
+    cmd = server_command(layout, gguf, port, slots, threads, room, KV_TYPES.get(kind))
     with serving(cmd, port, log_dir / f"llama-server-{kind}.log") as url:
         yield url

@@ -54,6 +54,7 @@ class Served:
     # Each request's text, where a server streams text rather than token ids (`outputs`
     # then lacks the request): an HTTP server's answer is compared by its text.
     texts: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # tokens, as a server counted them
 
 
 class StepStamps(BaseStreamer):

@@ -43,8 +43,12 @@ def measure(specs: list[RequestSpec], served: Served) -> dict[str, Any]:
     """The time columns of a row, one formula for every system."""
     tokens = sum(s.sampling.max_tokens for s in specs)
     ids = [s.id for s in specs]
-    # A server that streams text gives no ids: its requests are counted at their length.
-    count = {s.id: len(served.outputs.get(s.id, ())) or s.sampling.max_tokens for s in specs}
+    # The tokens a server says it generated, else those it sent, else (a server that streams
+    # text sends no ids) the request's length.
+    count = {
+        s.id: served.counts.get(s.id) or len(served.outputs.get(s.id, ())) or s.sampling.max_tokens
+        for s in specs
+    }
     ttft = [served.first[i] - served.arrival[i] for i in ids if i in served.first]
     tpot = [
         (served.finish[i] - served.first[i]) / (count[i] - 1)
@@ -146,7 +150,7 @@ def serve_workload(
             checked = next((c for c in checks if not c[0]), checks[0])
         timed = system in HTTP_SYSTEMS and served is not None
         r = make_row(system, combo, workload, specs, checked, served, timed_anyway=timed)
-        if len(runs[i]) > 1 and r["outputs_equal"]:
+        if len(runs[i]) > 1 and (r["outputs_equal"] or timed):
             walls = sorted(x.wall_s for x in runs[i])
             spread = f"median of {len(walls)} runs (wall {walls[0]:.3g}-{walls[-1]:.3g} s)"
             r["note"] = "; ".join(n for n in (r["note"], spread) if n)
