@@ -9,6 +9,9 @@ Systems: nanoserve for each scheduler x allocator x output policy; `hf_static`
 (`model.generate` on left-padded static batches) and `hf_cb` (transformers' continuous
 batching), see `peers.py`. All greedy, EOS ignored (every request generates
 exactly its length), one loaded model, one dtype, one thread count, one process.
+`--peers ...,llamacpp` adds two servers driven over HTTP by one async client: nanoserve's
+`serve.py` and llama.cpp's `llama-server` (built from source once, minutes; never in CI),
+on the same weights, slots and threads (`http_peers.py`, `llamacpp.py`).
 
 Workloads: `straggler` (the preset: seven short requests and one long, all queued);
 `azure_closed`, the first `--requests` rows of the Azure conversation trace with their lengths
@@ -34,6 +37,7 @@ time: run on a quiet machine before quoting them. Every run is logged to MLflow.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -46,11 +50,19 @@ from rich.console import Console
 from rich.progress import Progress
 
 from experiments.bench.batch_sweep import run_sweep
+from experiments.bench.http_peers import LLAMA, HttpPeers
 from experiments.bench.peers import hf_static
 from experiments.bench.probe import Probe, probe
 from experiments.bench.report import Pass, headline, is_reference, write
 from experiments.bench.rows import add_ratios, serve_workload
-from experiments.bench.systems import PEERS, combo_cfg, plan, run_nanoserve, run_same
+from experiments.bench.systems import (
+    DEFAULT_PEERS,
+    PEERS,
+    combo_cfg,
+    plan,
+    run_nanoserve,
+    run_same,
+)
 from experiments.toolkit import cli
 from experiments.toolkit.config import REFERENCE, TIMED
 from experiments.toolkit.engine import Context
@@ -102,7 +114,13 @@ def benchmark(
     total = len(args.workloads) * len(plan(args)) + int(not args.no_probe)
     rows: list[dict[str, Any]] = []
     machine, rate_note = None, ""
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    servers: Any = contextlib.nullcontext()
+    if LLAMA in args.peers:  # started on first use, stopped with this dtype's pass
+        threads = torch.get_num_threads()
+        slots, source = cfg.engine.max_num_seqs, cfg.model.source
+        servers = HttpPeers(overrides, slots, threads, cfg.dtype, args.out, source)
+        ctx.http = servers
+    with servers, Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("benchmark", total=total)
 
         def tick(line: str) -> None:
@@ -209,7 +227,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--allocators", type=names(), default="worst_case,incremental")
     ap.add_argument("--outputs", type=names(), default="immediate,deferred")
     ap.add_argument("--workloads", type=names(WORKLOADS), default=",".join(WORKLOADS))
-    ap.add_argument("--peers", type=names(PEERS), default=",".join(PEERS), help="'' for none")
+    ap.add_argument(
+        "--peers",
+        type=names(PEERS),
+        default=",".join(DEFAULT_PEERS),
+        help="'' for none; llamacpp (not by default: built from source once, minutes) also "
+        "serves nanoserve through serve.py",
+    )
     cli.add_azure_slice(ap)
     ap.add_argument("--load", type=float, default=0.9, help="open loop: share of capacity")
     ap.add_argument("--rate", type=float, default=None, help="open loop: requests/s (fixed)")

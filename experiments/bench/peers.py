@@ -51,6 +51,10 @@ class Served:
     wall_s: float = 0.0  # start to the last token of the last request
     steps: list[StepStats] = field(default_factory=list)  # nanoserve's steps; peers: none
     note: str = ""
+    # Each request's text, where a server streams text rather than token ids (`outputs`
+    # then lacks the request): an HTTP server's answer is compared by its text.
+    texts: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # tokens, as a server counted them
 
 
 class StepStamps(BaseStreamer):

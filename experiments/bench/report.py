@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from experiments.bench.http_peers import server_lines
 from experiments.bench.probe import Probe
 from experiments.toolkit.config import REFERENCE
 from experiments.toolkit.report import write_rounded_csv
@@ -37,6 +38,7 @@ COLUMNS = (
     "outputs_equal",
     "ratio_vs_hf_static",
     "ratio_vs_hf_cb",
+    "ratio_vs_llamacpp",
     "host_overhead_share_b8",
     "linear_alone_s",
     "ties",
@@ -261,6 +263,9 @@ def write(
     for p in passes:
         lines += ["", f"## {p.dtype}: machine", "", *machine_lines(p.machine)]
         lines += ["", f"## {p.dtype}: targets", "", *target_lines(p.rows, p.machine)]
+        servers = server_lines(p.rows)
+        if servers:
+            lines += ["", f"## {p.dtype}: servers, one HTTP client", "", *servers]
         lines += ["", f"## {p.dtype}: results", ""]
         lines += ["Seconds; tokens/s and requests/s over the wall time."]
         lines += result_lines(p.rows)

@@ -1,5 +1,6 @@
-"""The systems the benchmark serves a workload through: nanoserve under one policy, or one of
-Hugging Face's serving paths (`peers.py`), each returning what it did as a `Served`."""
+"""The systems the benchmark serves a workload through: nanoserve under one policy, one of
+Hugging Face's serving paths (`peers.py`), or a server over HTTP (`http_peers.py`: nanoserve's
+`serve.py` and llama.cpp's `llama-server`), each returning what it did as a `Served`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from experiments.bench.http_peers import HTTP_SYSTEMS, LLAMA, expand
 from experiments.bench.peers import Served, hf_cb, hf_static
 from experiments.toolkit.config import REFERENCE, Combo, combo_overrides
 from experiments.toolkit.engine import Context
@@ -19,7 +21,10 @@ from framework.run.compose import compose_cfg
 from framework.run.in_process import NullHooks
 from framework.run.summary import summarize
 
-PEERS = ("hf_static", "hf_cb")
+PEERS = ("hf_static", "hf_cb", LLAMA)  # what --peers may name
+# The peers a plain run serves: llama.cpp is built from source (minutes) and only on request.
+DEFAULT_PEERS = ("hf_static", "hf_cb")
+RATIO_PEERS = ("hf_static", "hf_cb", LLAMA)  # each row's tokens/s is divided by theirs
 System = tuple[str, Combo | None]  # (system, nanoserve's policy; None for a peer)
 
 
@@ -44,6 +49,10 @@ def run_nanoserve(ctx: Context, combo: Combo, specs: list[RequestSpec]) -> Serve
 
 def run_peer(ctx: Context, name: str, specs: list[RequestSpec]) -> Served:
     e = ctx.cfg.engine
+    if name in HTTP_SYSTEMS:
+        if ctx.http is None:
+            raise RuntimeError(f"{name}: the benchmark started no HTTP servers")
+        return ctx.http.serve(name, specs)  # type: ignore[no-any-return]
     if name == "hf_static":
         return hf_static(ctx.model, specs, e.max_num_seqs, ctx.pad)
     return hf_cb(ctx.model, specs, e.max_num_seqs, e.max_num_batched_tokens, ctx.pad)
@@ -63,7 +72,7 @@ def plan(args: argparse.Namespace) -> list[System]:
     """(system, combo) per run of one workload, nanoserve's reference first."""
     combos = [(s, a, o) for s in args.schedulers for a in args.allocators for o in args.outputs]
     combos = [REFERENCE, *(c for c in combos if c != REFERENCE)]
-    return [("nanoserve", c) for c in combos] + [(p, None) for p in args.peers]
+    return [("nanoserve", c) for c in combos] + [(p, None) for p in expand(args.peers)]
 
 
 def serve(ctx: Context, system: str, combo: Combo | None, specs: list[RequestSpec]) -> Served:

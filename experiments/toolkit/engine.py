@@ -19,6 +19,9 @@ class Context:
     tok: Any
     device: torch.device
     dtype: torch.dtype
+    # The benchmark's HTTP servers of this pass (`experiments.bench.http_peers.HttpPeers`),
+    # where it runs any: they outlive one workload, so they travel with the context.
+    http: Any = None
 
     @property
     def pad(self) -> int:
