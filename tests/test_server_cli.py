@@ -215,6 +215,7 @@ def test_a_stream_past_the_drain_is_aborted(tmp_path: Path, timeout_s: int, sign
         ("server.port=70000", "server.port must be 0"),
         ("server.max_waiting=-1", "server.max_waiting must be >= 0"),
         ("server.max_body_bytes=0", "server.max_body_bytes must be >= 1"),
+        ("server.switch_interval_ms=0", "server.switch_interval_ms must be > 0"),
         ("server.api_key=' '", "server.api_key must not be empty"),
         ("server.bogus=1", "server.bogus is not a setting of the server group"),
         ("cluster.replicas=2", "serve.py serves one engine"),

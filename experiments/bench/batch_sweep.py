@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from experiments.bench.llamacpp import KV_TYPES
 from experiments.bench.systems import run_nanoserve
 from experiments.toolkit.config import REFERENCE
 from experiments.toolkit.engine import Context
@@ -116,12 +117,16 @@ def batched_bench_command(
     binary: Path, gguf: Path, batches: list[int], prompt: int, gen: int, threads: int
 ) -> list[str]:
     """`llama-batched-bench` over the sweep's batch sizes, prompts not shared, its context
-    room for the largest batch, every prompt in one batch (`-b`), on `threads` threads."""
+    room for the largest batch, every prompt in one batch (`-b`), on `threads` threads; the
+    KV cache in the weights' dtype where the file's name says F32 or BF16, as nanoserve's
+    (`KV_TYPES`; else llama.cpp's default, f16)."""
     ctx = max(batches) * (prompt + gen) + 16
+    kind = next((k for k in KV_TYPES if gguf.name.upper().endswith(f"-{k}.GGUF")), None)
+    kv = ["-ctk", KV_TYPES[kind], "-ctv", KV_TYPES[kind]] if kind else []
     return [
         str(binary), "-m", str(gguf), "-c", str(ctx), "-b", str(max(2048, max(batches) * prompt)),
         "-ub", "512", "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(map(str, batches)),
-        "-t", str(threads), "-tb", str(threads), "--no-warmup",
+        "-t", str(threads), "-tb", str(threads), *kv,
     ]  # fmt: skip
 
 

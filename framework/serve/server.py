@@ -179,6 +179,8 @@ def serve_http(
     if cfg.server.stop_after_s is not None:
         timer = threading.Timer(float(cfg.server.stop_after_s), drain.ask)
         timer.daemon = True
+    switch = sys.getswitchinterval()  # the process's own, back once the server is done
+    sys.setswitchinterval(float(cfg.server.switch_interval_ms) / 1000)
     try:
         start_run(info, hooks, began)
         loop.start()
@@ -198,6 +200,7 @@ def serve_http(
         abort(info, engine, tokenizer, hooks, error)
         raise
     finally:
+        sys.setswitchinterval(switch)
         if timer is not None:
             timer.cancel()
         sock.close()
