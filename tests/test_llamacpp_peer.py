@@ -166,7 +166,9 @@ def test_the_client_reads_llama_servers_token_ids(stand_in: str) -> None:
     assert set(served.first) == set(served.finish) == {"r0", "r1"}
     assert all(served.first[k] <= served.finish[k] <= served.wall_s for k in served.first)
     assert served.note == ""
-    body = StandIn.bodies[0]  # token ids, exact length, greedy, EOS off, no prompt cache
+    # r0's (the requests go at once, in any order): token ids, exact length, greedy, EOS
+    # off, no prompt cache
+    body = next(b for b in StandIn.bodies if b["prompt"][0] == 0)
     assert body["path"] == "/completion" and body["prompt"] == [0, 7, 8]
     assert body["n_predict"] == 3 and body["temperature"] == 0.0 and body["ignore_eos"] is True
     assert body["cache_prompt"] is False and body["return_tokens"] is True
@@ -189,7 +191,7 @@ def test_the_client_reads_nanoservers_text_and_counts(stand_in: str) -> None:
     assert served.outputs == {}  # an OpenAI stream carries text only
     assert served.texts == {"r0": "<100><101>", "r9": "<190><191><192>"}
     assert "r9 3/4" in served.note  # the usage chunk's count, against the length asked
-    body = StandIn.bodies[0]
+    body = next(b for b in StandIn.bodies if b["prompt"] == [0, 7, 8])  # r0's, sent at once
     assert body["path"] == "/v1/completions" and body["max_tokens"] == 2
     assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
 
