@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The penalties' values that change nothing (OpenAI's and vLLM's defaults): a request whose
+# penalties all equal them is not penalized. The server and the batch config read them too.
+NEUTRAL_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -95,9 +99,7 @@ class SamplingParams:
         m = self.min_tokens
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_tokens:
             raise ValueError(f"sampling.min_tokens must be an integer in [0, max_tokens]: {m!r}")
-        penalized = (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (
-            0.0, 0.0, 1.0
-        )  # fmt: skip
+        penalized = any(getattr(self, k) != v for k, v in NEUTRAL_PENALTIES.items())
         if self.beam_width > 1 and (penalized or m):
             raise ValueError(
                 "sampling.beam_width > 1 ranks the model's own log-probabilities: no penalties "

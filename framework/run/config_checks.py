@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.api.policy import SWAP
 from framework.api.preempting import CHEAPER
 from framework.cluster.outages import parse_outages
+from framework.core.request import NEUTRAL_PENALTIES
 from framework.executors.decode_graphs import graphs_setting
 from framework.executors.kernel_choice import FLEX_KEYS, setting
 from framework.executors.model_loader import TinySpec
@@ -209,8 +210,7 @@ def check_executor(x: Any) -> None:
 def shaping(cfg: Any) -> str | None:
     """The first workload field that changes the model's logits before the draw (a penalty,
     min_tokens), else None."""
-    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-    for name, value in {**neutral, "min_tokens": 0}.items():
+    for name, value in {**NEUTRAL_PENALTIES, "min_tokens": 0}.items():
         if OmegaConf.select(cfg, f"workload.{name}", default=value) != value:
             return name
     return None

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from framework.core.request import NEUTRAL_PENALTIES
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -87,8 +89,7 @@ class SamplingFields(BaseModel):
     def shaping(self) -> str | None:
         """The first field that changes the logits before the draw (a penalty, min_tokens),
         else None: each needs the model's logits, and none goes with beam search."""
-        neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-        for name, value in neutral.items():
+        for name, value in NEUTRAL_PENALTIES.items():
             if getattr(self, name) != value:
                 return name
         return "min_tokens" if self.min_tokens else None
