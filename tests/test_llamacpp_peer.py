@@ -20,6 +20,7 @@ from experiments.bench.http_client import LLAMACPP, NANOSERVE, serve_http
 from experiments.bench.http_peers import (
     LLAMA,
     SERVE,
+    SERVE_THREAD,
     HttpPeers,
     agreement,
     expand,
@@ -136,6 +137,9 @@ def test_serve_py_is_started_with_the_reference_policies_and_threads(tmp_path: P
     assert cmd[1] == "serve.py" and "dtype=bfloat16" in cmd and "engine.max_num_seqs=16" in cmd
     assert {"scheduler=continuous", "allocator=incremental", "output=immediate"} <= set(cmd)
     assert {"threads=2", "server.port=8124", "server.host=127.0.0.1", "observers=[]"} <= set(cmd)
+    assert "server.engine=process" in cmd  # serve.py's default: the engine's own process
+    thread = serve_command(["dtype=bfloat16"], 8124, 2, tmp_path, "thread")
+    assert "server.engine=thread" in thread
 
 
 def test_a_build_is_never_run_in_ci_and_a_cached_one_is_reused(
@@ -156,6 +160,10 @@ def test_a_build_is_never_run_in_ci_and_a_cached_one_is_reused(
 def test_llamacpp_is_a_peer_only_on_request() -> None:
     assert LLAMA not in benchmark.parse([]).peers
     assert expand(["hf_cb", LLAMA]) == ["hf_cb", SERVE, LLAMA, "llamacpp_q8_0"]
+    # nanoserve's server alone, both ways, without llama.cpp; named twice, served once
+    both = [SERVE, SERVE_THREAD, LLAMA]
+    assert benchmark.parse(["--peers", ",".join(both)]).peers == both
+    assert expand(both) == [SERVE, SERVE_THREAD, LLAMA, "llamacpp_q8_0"]
 
 
 def test_the_client_reads_llama_servers_token_ids(stand_in: str) -> None:

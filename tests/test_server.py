@@ -74,10 +74,17 @@ class Served:
 
 
 @contextmanager
-def served(tmp_path: Path, *overrides: str, loaded: Any = None) -> Iterator[Served]:
+def served(
+    tmp_path: Path, *overrides: str, loaded: Any = None, engine: str = "thread"
+) -> Iterator[Served]:
     """A server in a thread of this process; stopped (as by SIGINT) on leaving, which runs
-    the engine empty, checks its books and writes the run folder into `tmp_path`."""
-    cfg = make_cfg(*overrides, "server.port=0", "server.stop_after_s=120", "observers=[]")
+    the engine empty, checks its books and writes the run folder into `tmp_path`. Its
+    engine loop runs in a thread (`engine`), where a test can look inside the engine, unless
+    the test is of the engine's own process."""
+    cfg = make_cfg(
+        *overrides, "server.port=0", "server.stop_after_s=120", "observers=[]",
+        f"server.engine={engine}",
+    )  # fmt: skip
     ready: queue.Queue[Running | None] = queue.Queue()
     info: dict[str, Any] = {}
 
@@ -420,6 +427,14 @@ def test_an_api_key_and_a_body_bound_are_refused_in_the_error_schema(
             assert error["type"] == "invalid_request_error" and "2000" in error["message"]
             r = http.post("/v1/completions", json=body, headers=key)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+            # Sent in chunks, without Content-Length: measured as read, then parsed as sent.
+            for sent, status in ((body, 200), (big, 413)):
+                data = json.dumps(sent).encode()
+                pieces = iter([data[:7], data[7:]])
+                chunked = {**key, "Content-Type": "application/json"}
+                r = http.post("/v1/completions", content=pieces, headers=chunked)
+                assert r.status_code == status, r.text
+                assert "content-length" not in r.request.headers
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="sesame", max_retries=0)
         assert client.completions.create(prompt="Hi", model="tiny", max_tokens=2).usage
 

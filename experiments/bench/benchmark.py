@@ -50,7 +50,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from experiments.bench.batch_sweep import run_sweep
-from experiments.bench.http_peers import LLAMA, HttpPeers
+from experiments.bench.http_peers import HTTP_SYSTEMS, HttpPeers
 from experiments.bench.peers import hf_static
 from experiments.bench.probe import Probe, probe
 from experiments.bench.report import Pass, headline, is_reference, write
@@ -115,7 +115,7 @@ def benchmark(
     rows: list[dict[str, Any]] = []
     machine, rate_note = None, ""
     servers: Any = contextlib.nullcontext()
-    if LLAMA in args.peers:  # started on first use, stopped with this dtype's pass
+    if set(args.peers) & set(HTTP_SYSTEMS):  # started on first use, stopped with the pass
         threads = torch.get_num_threads()
         slots, source = cfg.engine.max_num_seqs, cfg.model.source
         servers = HttpPeers(overrides, slots, threads, cfg.dtype, args.out, source)

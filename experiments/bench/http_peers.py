@@ -34,29 +34,36 @@ from framework.core.request import RequestSpec
 from framework.run.paths import ROOT
 
 SERVE = "nanoserve_http"
+SERVE_THREAD = "nanoserve_http_thread"  # serve.py with its engine in a thread of its process
 LLAMA = "llamacpp"
 EXTRA = {"llamacpp_q8_0": "Q8_0"}  # llama.cpp's own quantized weights, for scale
-HTTP_SYSTEMS = (SERVE, LLAMA, *EXTRA)
+SERVERS = {SERVE: "process", SERVE_THREAD: "thread"}  # nanoserve's, by `server.engine`
+HTTP_SYSTEMS = (SERVE, SERVE_THREAD, LLAMA, *EXTRA)
 
 
 def expand(peers: list[str], first_pass: bool = True) -> list[str]:
-    """The systems behind `--peers`: `llamacpp` brings nanoserve's server and the extras."""
+    """The systems behind `--peers`: `llamacpp` brings nanoserve's server and the extras;
+    `nanoserve_http` and `nanoserve_http_thread` are nanoserve's server alone, its engine in
+    a process of its own or in a thread of the server's (no llama.cpp build needed)."""
     out: list[str] = []
     for p in peers:
         if p == LLAMA:
             out += [SERVE, LLAMA, *(EXTRA if first_pass else ())]
         else:
             out.append(p)
-    return out
+    return list(dict.fromkeys(out))
 
 
-def serve_command(overrides: list[str], port: int, threads: int, run_dir: Path) -> list[str]:
+def serve_command(
+    overrides: list[str], port: int, threads: int, run_dir: Path, engine: str = "process"
+) -> list[str]:
     """`serve.py` as the benchmark starts it: the pass's overrides (model, dtype, slots),
-    the reference policies, no observers (the in-process runs have none either)."""
+    the reference policies, no observers (the in-process runs have none either), its engine
+    where `engine` says (`server.engine`)."""
     return [
         sys.executable, "serve.py", *combo_overrides(overrides, REFERENCE), "observers=[]",
         f"threads={threads}", "server.host=127.0.0.1", f"server.port={port}",
-        "server.max_waiting=null", f"hydra.run.dir={run_dir}",
+        "server.max_waiting=null", f"server.engine={engine}", f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
 
 
@@ -109,10 +116,11 @@ class HttpPeers:
 
     def _start(self, system: str, longest: int) -> str:
         log_dir = self.out / "servers"
-        if system == SERVE:
+        if system in SERVERS:
             port = llamacpp.free_port()
-            cmd = serve_command(self.overrides, port, self.threads, log_dir / f"serve-{self.dtype}")
-            log = log_dir / f"serve-{self.dtype}.log"
+            name = f"serve-{SERVERS[system]}-{self.dtype}"
+            cmd = serve_command(self.overrides, port, self.threads, log_dir / name, SERVERS[system])
+            log = log_dir / f"{name}.log"
             return self.stack.enter_context(llamacpp.serving(cmd, port, log, cwd=ROOT))
         if self.model != "smollm2":  # its GGUF is SmolLM2's: another model would time nothing
             raise ValueError(f"llama.cpp serves SmolLM2's GGUF only, not model={self.model}")
@@ -128,7 +136,7 @@ class HttpPeers:
         longest = max(len(s.prompt_token_ids) + s.sampling.max_tokens for s in specs)
         if system not in self.urls:
             self.urls[system] = self._start(system, longest)
-        dialect: Dialect = NANOSERVE if system == SERVE else LLAMACPP
+        dialect: Dialect = NANOSERVE if system in SERVERS else LLAMACPP
         key = (system, hash(tuple((s.id, s.arrival, s.sampling.max_tokens) for s in specs)))
         if key not in self.seen:
             self.seen.add(key)
@@ -138,7 +146,11 @@ class HttpPeers:
         return served
 
 
-LABELS = {SERVE: "nanoserve, serve.py (HTTP)", LLAMA: "llama.cpp llama-server (HTTP)"}
+LABELS = {
+    SERVE: "nanoserve, serve.py (HTTP)",
+    SERVE_THREAD: "nanoserve, serve.py, engine in a thread (HTTP)",
+    LLAMA: "llama.cpp llama-server (HTTP)",
+}
 LABELS |= {name: f"llama.cpp llama-server, {kind} (HTTP)" for name, kind in EXTRA.items()}
 
 
@@ -149,17 +161,20 @@ def server_lines(rows: list[dict[str, Any]]) -> list[str]:
     if not any(r["system"] in HTTP_SYSTEMS for r in rows):
         return []
     lines = [
-        "| workload | system | tokens/s | TTFT p50 s | TPOT p50 s | vs llama.cpp | note |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | system | tokens/s | TTFT p50 s | TPOT p50 s | vs in process | vs llama.cpp "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         mine = [r for r in rows if r["workload"] == workload]
         ref = [r for r in mine if r["system"] == "nanoserve"][:1]  # the reference, first
+        base = ref[0]["tokens_per_s"] if ref else None
         for r in ref + [r for r in mine if r["system"] in HTTP_SYSTEMS]:
             name = LABELS.get(r["system"], "nanoserve, in process (run.py's path)")
             ratio = r.get(f"ratio_vs_{LLAMA}")
+            own = r["tokens_per_s"] / base if base and r["tokens_per_s"] else None
             cells = [r["tokens_per_s"], r["ttft_p50"], r["tpot_p50"]]
             shown = ["" if v is None else f"{v:.4g}" for v in cells]
-            shown.append("" if ratio is None else f"{ratio:.3g}x")
+            shown += ["" if x is None else f"{x:.3g}x" for x in (own, ratio)]
             lines.append(f"| {workload} | {name} | {' | '.join(shown)} | {r['note']} |")
     return lines

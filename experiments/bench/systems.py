@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from experiments.bench.http_peers import HTTP_SYSTEMS, LLAMA, expand
+from experiments.bench.http_peers import HTTP_SYSTEMS, LLAMA, SERVE, SERVE_THREAD, expand
 from experiments.bench.peers import Served, hf_cb, hf_static
 from experiments.toolkit.config import REFERENCE, Combo, combo_overrides
 from experiments.toolkit.engine import Context
@@ -21,7 +21,7 @@ from framework.run.compose import compose_cfg
 from framework.run.in_process import NullHooks
 from framework.run.summary import summarize
 
-PEERS = ("hf_static", "hf_cb", LLAMA)  # what --peers may name
+PEERS = ("hf_static", "hf_cb", LLAMA, SERVE, SERVE_THREAD)  # what --peers may name
 # The peers a plain run serves: llama.cpp is built from source (minutes) and only on request.
 DEFAULT_PEERS = ("hf_static", "hf_cb")
 RATIO_PEERS = ("hf_static", "hf_cb", LLAMA)  # each row's tokens/s is divided by theirs

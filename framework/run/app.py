@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -417,9 +417,16 @@ def run_batch(
     return info
 
 
+class HasPartialResult(Protocol):
+    """What a stopped run's partial results come from: an engine, a cluster, or an engine
+    in a process of its own (the server's)."""
+
+    def partial_result(self) -> RunResult: ...
+
+
 def abort(
     info: RunInfo,
-    engine: Engine | ClusterRunner | RayRunner,
+    engine: HasPartialResult,
     tokenizer: Any,
     hooks: Any,
     error: BaseException,

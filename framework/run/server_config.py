@@ -43,10 +43,21 @@ class ServerConfig:
     # behind the streaming of answers: 0.5 ms served a 48-request queue at 0.88x the
     # engine's own speed where 5 ms served it at 0.72x (docs/performance.md).
     switch_interval_ms: float = 0.5
+    # Where the engine loop runs. `process`: a process of its own (as vLLM's engine core),
+    # fed over a pipe, so it never waits on the HTTP side's interpreter (Python's GIL);
+    # it loads the model itself. `thread`: a thread of the server's process, which tests
+    # use to look inside the engine and which plugins registered at run time (not through
+    # entry points) need, since a spawned process does not see them.
+    engine: str = "process"
+
+
+ENGINE_PLACES = ("process", "thread")
 
 
 def check_server(s: Any) -> None:
     """The `server.*` settings, named, before the model loads."""
+    if str(s.get("engine", "process")) not in ENGINE_PLACES:
+        raise ValueError(f"server.engine must be one of {', '.join(ENGINE_PLACES)}; got {s.engine}")
     if not 0 <= s.port <= 65535:
         raise ValueError(f"server.port must be 0 (a free port) to 65535; got {s.port}")
     if s.max_waiting is not None and s.max_waiting < 0:

@@ -56,6 +56,7 @@ class Stream:
         self.spec = spec
         self.loop = loop
         self.received = received  # seconds since the server started, on the wall clock
+        self.rid = -1  # its id on the pipe to an engine process (`server.engine=process`)
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         # The engine's sequences, once submitted (engine thread only): its samples, in
         # index order; and the tokens of each handed to the handler so far.
@@ -85,6 +86,7 @@ class EngineState:
     running: int = 0
     waiting: int = 0  # in the engine, not yet running
     accepted: int = 0  # taken into the engine (not rejected), so far
+    taken: int = 0  # submissions the loop has taken, accepted or refused, so far
     blocks_used: int = 0
     blocks_total: int = 0
     prefix_query_tokens: int = 0
@@ -97,12 +99,13 @@ class EngineState:
     steps: int = 0
 
     @classmethod
-    def of(cls, e: Engine, accepted: int = 0) -> EngineState:
+    def of(cls, e: Engine, accepted: int = 0, taken: int = 0) -> EngineState:
         c = e.counters
         return cls(
             running=len(e.running),
             waiting=len(e.waiting) + len(e.pending),
             accepted=accepted,
+            taken=taken,
             blocks_used=e.pool.num_used,
             blocks_total=e.pool.num_blocks,
             prefix_query_tokens=c.prefix_query_tokens,
@@ -127,17 +130,20 @@ class EngineLoop:
         pace: bool = False,
         on_finished: Callable[[Sequence], None] | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        on_turn: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.eos_token_id = eos_token_id
         self.pace = pace
         self.on_finished = on_finished
         self.on_failure = on_failure
+        self.on_turn = on_turn  # after each turn's state is taken (an engine process sends it)
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.live: dict[Sequence, Stream] = {}
         self._queued = 0  # submitted, not yet counted in `state`
         self._taken = 0  # taken into the engine since `state` was last taken
         self._accepted = 0  # taken in and not rejected (the loop's thread only)
+        self._taken_all = 0  # taken, accepted or refused (the loop's thread only)
         self._lock = threading.Lock()  # `_queued` and `state` change together under it
         self.state = EngineState()
         self._last_arrival = 0.0
@@ -147,12 +153,21 @@ class EngineLoop:
         self.result: RunResult | None = None
         self.error: BaseException | None = None
         self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="nanoserve-engine", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="nanoserve-engine", daemon=True)
 
     # ---- any thread -------------------------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
         self.started.wait()
+
+    def alive(self) -> bool:
+        """Whether the loop still serves (it has not stopped, on a bug or at the end)."""
+        return self.error is None and self.thread.is_alive()
+
+    @property
+    def ended(self) -> bool:
+        """The loop's last turn is over: a request submitted now is refused at once."""
+        return self._ended
 
     def elapsed(self) -> float:
         """Wall seconds since the engine's clock started (a request's receipt)."""
@@ -202,7 +217,9 @@ class EngineLoop:
         return self.result
 
     # ---- the loop's thread ----------------------------------------------------------------
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The loop itself, in the calling thread (`start` runs it in a thread of its own;
+        an engine process runs it in its main thread)."""
         e = self.engine
         try:
             e.prepare()
@@ -275,11 +292,14 @@ class EngineLoop:
 
     def _take_state(self) -> None:
         with self._lock:
-            self.state = EngineState.of(self.engine, self._accepted)
+            self.state = EngineState.of(self.engine, self._accepted, self._taken_all)
             self._queued -= self._taken
             self._taken = 0
+        if self.on_turn is not None:
+            self.on_turn()
 
     def _submit(self, stream: Stream) -> None:
+        self._taken_all += 1
         self._taken += 1  # still counted as queued until the state that counts it is taken
         if self.closing:
             stream.put(Event(rejected="the server is shutting down"))

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from framework.core.sequence import ABORTED, Sequence
-from framework.serve.engine_loop import EngineLoop
+from framework.serve.engine_handle import EngineHandle
 
 P = "nanoserve:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -35,7 +35,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 class EngineCollector(Collector):
     """The engine's state and counters at the moment of the scrape."""
 
-    def __init__(self, loop: EngineLoop, model_name: str, info: dict[str, str]) -> None:
+    def __init__(self, loop: EngineHandle, model_name: str, info: dict[str, str]) -> None:
         self.loop = loop
         self.model_name = model_name
         self.info = info
@@ -95,7 +95,7 @@ class EngineCollector(Collector):
 class ServerMetrics:
     """The registry and the histograms that requests fill as they finish."""
 
-    def __init__(self, loop: EngineLoop, model_name: str, info: dict[str, str]) -> None:
+    def __init__(self, loop: EngineHandle, model_name: str, info: dict[str, str]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(loop, model_name, info))
         labels = ["model_name"]

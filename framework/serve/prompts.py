@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from framework.core.request import RequestSpec, SamplingParams
-from framework.engine.loop import Engine
+from framework.serve.engine_facts import EngineFacts
 from framework.serve.errors import ApiError
 from framework.serve.protocol import ChatRequest, CompletionRequest, SamplingFields
 
@@ -18,9 +18,9 @@ COMPLETION_MAX_TOKENS = 16
 
 
 class Prompts:
-    def __init__(self, tokenizer: Any, engine: Engine, seed: int) -> None:
+    def __init__(self, tokenizer: Any, facts: EngineFacts, seed: int) -> None:
         self.tokenizer = tokenizer
-        self.engine = engine
+        self.facts = facts
         self.vocab = len(tokenizer)
         # A request without `seed` samples with one drawn here: a server run is reproducible
         # from its own seed, and a request that gives one is reproducible on its own.
@@ -29,11 +29,7 @@ class Prompts:
     @property
     def room(self) -> int:
         """The longest prompt + output the engine could ever serve."""
-        e = self.engine
-        room = min(e.limits.max_model_len, e.pool.num_blocks * e.pool.block_size)
-        if not e.cuts_prefills:
-            room = min(room, e.limits.max_num_batched_tokens)
-        return room
+        return self.facts.room
 
     def completion(self, body: CompletionRequest) -> list[int]:
         p = body.prompt
@@ -91,7 +87,7 @@ class Prompts:
             why = f"beam search ranks the model's own log-probabilities: no {body.shaping()}"
         elif samples < 2:
             why = "beam search needs best_of (or n) >= 2 beams"
-        elif not self.engine.pool.forks:
+        elif not self.facts.forks:
             why = "beams share blocks, which this server's extents cannot (engine.kv_layout)"
         if why is not None:
             raise ApiError(400, f"use_beam_search: {why}", "use_beam_search")
@@ -121,7 +117,7 @@ class Prompts:
                 400, f"min_tokens={body.min_tokens} is above the answer's {max_tokens} tokens",
                 "min_tokens",
             )  # fmt: skip
-        rows = self.engine.limits.max_num_seqs
+        rows = self.facts.max_num_seqs
         samples = body.samples
         if samples > rows:
             field = "n" if samples == body.n else "best_of"
@@ -142,7 +138,7 @@ class Prompts:
         if samples > body.n and logprobs is None and beams == 1:  # best_of: ranked by them
             logprobs = 0
         scored = logprobs is not None or prompt_logprobs is not None or beams > 1
-        if scored and not getattr(self.engine.executor, "scores", False):
+        if scored and not self.facts.scores:
             field = "use_beam_search" if beams > 1 else "best_of" if samples > body.n else ""
             field = field or "logprobs"
             raise ApiError(
@@ -152,7 +148,7 @@ class Prompts:
                 field,
             )
         shaping = body.shaping()
-        if shaping and not getattr(self.engine.executor, "scores", False):
+        if shaping and not self.facts.scores:
             raise ApiError(
                 400, f"{shaping}: this server's executor has no logits to change (a simulator)",
                 shaping,

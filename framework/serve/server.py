@@ -26,11 +26,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from framework.engine.executor import describe
-from framework.engine.loop import Engine
 from framework.plugin_host.faults import guard_hooks
 from framework.plugin_host.registry import registry
 from framework.run.app import (
+    HasPartialResult,
     RunInfo,
     abort,
     build_engine,
@@ -44,9 +43,11 @@ from framework.run.config_checks import check_run, check_window
 from framework.run.errors import user_input
 from framework.run.report import mark_complete, write_results
 from framework.run.server_config import check_server
-from framework.run.simulation import is_simulated
 from framework.run.summary import summarize
 from framework.serve.app import ServerState, create_app
+from framework.serve.engine_client import EngineClient, wanted_hooks
+from framework.serve.engine_facts import EngineFacts
+from framework.serve.engine_handle import EngineHandle
 from framework.serve.engine_loop import EngineLoop
 from framework.serve.metrics import ServerMetrics
 from framework.serve.prompts import Prompts
@@ -88,16 +89,6 @@ def model_name(cfg: DictConfig) -> str:
     return str(cfg.model.source)
 
 
-def what_serves(cfg: DictConfig, engine: Engine) -> dict[str, Any]:
-    """/v1/models' `nanoserve` entry: the executor (a simulation's cost model and profile),
-    the policies and the clock."""
-    out: dict[str, Any] = dict(describe(engine.executor))
-    out["clock"] = engine.clock.name
-    out["pace"] = str(cfg.executor.pace) if is_simulated(cfg) else "real"
-    out.update({group: str(cfg[group].name) for group in engine.p.names})
-    return out
-
-
 @dataclass
 class Running:
     """A server once it accepts: its port, its engine loop, and how to stop it (as a first
@@ -105,7 +96,7 @@ class Running:
     its own process."""
 
     port: int
-    loop: EngineLoop
+    loop: EngineHandle
     stop: Callable[[], None]
 
 
@@ -121,19 +112,6 @@ def serve_http(
     import uvicorn  # the `serve` extra
 
     began = time.perf_counter()
-    with user_input():
-        check_before_loading(cfg)
-        if cfg.threads:
-            torch.set_num_threads(int(cfg.threads))
-        torch.manual_seed(cfg.seed)
-        model, tokenizer, device, dtype = loaded or load(cfg)
-        hooks = guard_hooks(hooks, registry())
-        engine = build_engine(cfg, model, device, dtype, hooks)
-        sock = bind(str(cfg.server.host), int(cfg.server.port))
-
-    name = model_name(cfg)
-    info = RunInfo(config=cfg, output_dir=output_dir, num_requests=None)
-    said = what_serves(cfg, engine)
     holder: dict[str, Any] = {}
 
     def halt(*_: Any) -> None:
@@ -142,20 +120,34 @@ def serve_http(
         if server is not None:
             server.should_exit = True
 
-    loop = EngineLoop(engine, tokenizer.eos_token_id, cfg.executor.pace == "wall", on_failure=halt)
+    with user_input():
+        check_before_loading(cfg)
+        raw_hooks, hooks = hooks, guard_hooks(hooks, registry())
+        sock = bind(str(cfg.server.host), int(cfg.server.port))
+    try:
+        with user_input():
+            side = start_engine(cfg, loaded, raw_hooks, hooks, halt)
+    except BaseException:
+        sock.close()
+        raise
+    loop, tokenizer, facts = side.loop, side.tokenizer, side.facts
+
+    name = model_name(cfg)
+    info = RunInfo(config=cfg, output_dir=output_dir, num_requests=None)
+    said = facts.said
     drain = Drain(loop, float(cfg.server.shutdown_timeout_s))
     metrics = ServerMetrics(loop, name, {k: str(v) for k, v in said.items()})
     loop.on_finished = metrics.finished
     done = Counted(cfg.server.stop_after_requests, drain.ask)
     state = ServerState(
         loop=loop,
-        prompts=Prompts(tokenizer, engine, int(cfg.seed)),
+        prompts=Prompts(tokenizer, facts, int(cfg.seed)),
         tokenizer=tokenizer,
         model_name=name,
         max_waiting=cfg.server.max_waiting,
         metrics=metrics,
         describe=said,
-        max_model_len=engine.limits.max_model_len,
+        max_model_len=facts.max_model_len,
         api_key=cfg.server.api_key or os.environ.get("NANOSERVE_API_KEY") or None,
         max_body_bytes=cfg.server.max_body_bytes,
         openapi=bool(cfg.server.get("openapi", True)),
@@ -183,7 +175,8 @@ def serve_http(
     sys.setswitchinterval(float(cfg.server.switch_interval_ms) / 1000)
     try:
         start_run(info, hooks, began)
-        loop.start()
+        if side.thread is not None:
+            side.thread.start()
         if timer is not None:
             timer.start()
         server.run(sockets=[sock])
@@ -195,9 +188,9 @@ def serve_http(
         info.result = result
         info.texts = decode_outputs(tokenizer, result)
     except BaseException as error:
-        if loop.thread.is_alive():
+        if loop.alive():
             loop.stop(timeout=30)
-        abort(info, engine, tokenizer, hooks, error)
+        abort(info, side.owner, tokenizer, hooks, error)
         raise
     finally:
         sys.setswitchinterval(switch)
@@ -210,6 +203,43 @@ def serve_http(
     return info
 
 
+@dataclass
+class EngineSide:
+    """The engine as the server holds it: the loop's handle, what the handlers need, and
+    what a failed run's partial results come from."""
+
+    loop: EngineHandle
+    tokenizer: Any
+    facts: EngineFacts
+    owner: HasPartialResult
+    thread: EngineLoop | None = None  # the loop, where it runs in a thread of this process
+
+
+def start_engine(
+    cfg: DictConfig,
+    loaded: tuple[Any, ...] | None,
+    raw_hooks: Any,
+    hooks: Any,
+    on_failure: Callable[[BaseException], None],
+) -> EngineSide:
+    """`server.engine=process`: spawn the engine process (it loads the model; here only
+    the tokenizer) and wait until it serves. `thread`: load and build here, for a thread
+    of this process (started with the HTTP server)."""
+    if str(cfg.server.engine) == "process":
+        tokenizer = loaded[1] if loaded else load(cfg, weights=False)[1]
+        client = EngineClient(cfg, loaded, hooks, wanted_hooks(raw_hooks), on_failure=on_failure)
+        return EngineSide(client, tokenizer, client.start(), client)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, device, dtype = loaded or load(cfg)
+    engine = build_engine(cfg, model, device, dtype, hooks)
+    facts = EngineFacts.of(cfg, engine, tokenizer.eos_token_id)
+    pace = cfg.executor.pace == "wall"
+    loop = EngineLoop(engine, tokenizer.eos_token_id, pace, on_failure=on_failure)
+    return EngineSide(loop, tokenizer, facts, engine, loop)
+
+
 class Drain:
     """The graceful stop. Asked once (SIGINT, SIGTERM, `server.stop_after_*`), the server
     drains: it keeps listening and answers each new request 503, so that clients and load
@@ -218,7 +248,7 @@ class Drain:
     the engine loop aborts what remains and uvicorn exits. Asking only sets numbers (a
     signal handler asks); uvicorn's loop looks at them every tick (`over`)."""
 
-    def __init__(self, loop: EngineLoop, timeout_s: float) -> None:
+    def __init__(self, loop: EngineHandle, timeout_s: float) -> None:
         self.loop = loop
         self.timeout_s = timeout_s
         self.asked_at: float | None = None  # monotonic seconds
