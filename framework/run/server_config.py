@@ -37,11 +37,12 @@ class ServerConfig:
     # The API's OpenAPI schema at /openapi.json and its page at /docs, as vLLM and SGLang
     # serve them (schema-driven clients and fuzzers start from it); false: neither.
     openapi: bool = True
-    # Python's thread switch interval while serving, in ms (its default is 5): the engine
-    # thread gives the GIL up at every torch call, and gets it back only when the HTTP
-    # thread lets go, at the latest after this interval. Shorter, the engine waits less
-    # behind the streaming of answers: 0.5 ms served a 48-request queue at 0.88x the
-    # engine's own speed where 5 ms served it at 0.72x (docs/performance.md).
+    # Python's thread switch interval while serving, in ms (its default is 5). It matters
+    # where the engine loop runs in a thread (`engine=thread`): that thread gives the GIL up
+    # at every torch call, and gets it back only when the HTTP thread lets go, at the latest
+    # after this interval. Shorter, the engine waits less behind the streaming of answers:
+    # 0.5 ms served a 48-request queue at 0.88x the engine's own speed where 5 ms served it
+    # at 0.72x (docs/performance.md).
     switch_interval_ms: float = 0.5
     # Where the engine loop runs. `process`: a process of its own (as vLLM's engine core),
     # fed over a pipe, so it never waits on the HTTP side's interpreter (Python's GIL);
