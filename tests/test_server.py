@@ -28,7 +28,7 @@ httpx = pytest.importorskip("httpx2")  # what `openai` uses
 from framework.core.request import RequestSpec, SamplingParams  # noqa: E402
 from framework.core.sequence import Sequence  # noqa: E402
 from framework.plugin_host.registry import registry  # noqa: E402
-from framework.run.app import RunInfo  # noqa: E402
+from framework.run.run_info import RunInfo  # noqa: E402
 from framework.serve.server import Running, serve_http  # noqa: E402
 from tests.helpers import hf_greedy, make_cfg, run_engine  # noqa: E402
 

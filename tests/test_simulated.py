@@ -35,7 +35,8 @@ from framework.executors.simulated.cost import FORMAT, HostCost, StepCost
 from framework.executors.simulated.executor import SimulatedExecutor
 from framework.executors.simulated.features import StepFeatures
 from framework.executors.simulated.tokens import ReplayError, TokenStreams, _hash
-from framework.run.app import build_engine, decode_outputs
+from framework.run.app import build_engine
+from framework.run.report import decode_outputs
 from framework.run.summary import COUNT_KEYS, summarize
 from tests.helpers import assert_refused, cli, make_cfg
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -21,7 +19,7 @@ from framework.engine.clock import Clock, VirtualClock, WallClock
 from framework.engine.contiguous_pool import ContiguousPool
 from framework.engine.executor import Executor
 from framework.engine.kv_cache import KVCache, blocks_in_budget, bytes_per_block
-from framework.engine.loop import Engine, RunResult
+from framework.engine.loop import Engine
 from framework.engine.prefix_cache import PrefixCachingPool
 from framework.engine.settings import Limits, Policies
 from framework.executors.model_loader import (
@@ -38,8 +36,10 @@ from framework.run.config_checks import check_host_tier, check_run, check_window
 from framework.run.disaggregation import build_handoffs, decode_router, link_setting
 from framework.run.errors import user_input
 from framework.run.fits import check_fits
-from framework.run.report import mark_complete, mark_incomplete, write_marker, write_results
+from framework.run.report import decode_outputs, mark_complete, write_results
+from framework.run.run_info import RunInfo
 from framework.run.simulation import ModelShape, build_simulated, is_simulated
+from framework.run.stopped import abort
 from framework.run.summary import summarize
 from framework.workloads import build_workload, check_workload
 
@@ -47,20 +47,6 @@ if TYPE_CHECKING:
     from framework.run.ray_replicas import RayRunner
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunInfo:
-    """What observers learn about a run (`on_run_start`, `on_run_end`)."""
-
-    config: DictConfig
-    output_dir: Path
-    num_requests: int | None  # None: served online, requests arrive while it runs
-    result: RunResult | None = None
-    summary: dict[str, Any] = field(default_factory=dict)  # metrics.json, once written
-    texts: dict[str, str] = field(default_factory=dict)
-    # Seconds before the engine's clock started (`start_run`), in metrics.json as they are.
-    startup: dict[str, float] = field(default_factory=dict)
 
 
 def start_run(info: RunInfo, hooks: Any, began: float) -> None:
@@ -361,19 +347,6 @@ def check_engine_fits(cfg: DictConfig, engine: Engine, specs: list[RequestSpec])
             )
 
 
-def decode_outputs(tokenizer: Any, result: RunResult) -> dict[str, str]:
-    """Each request's answer as text. A fast tokenizer that cleans up no spaces decodes them
-    all in one call of its Rust backend (what its `decode` does one at a time: a whole day's
-    trace is 19,366 answers, decoded several times faster so); any other, one `decode` each."""
-    ids = [s.output_token_ids for s in result.seqs]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", None) is False:
-        texts = backend.decode_batch(ids, skip_special_tokens=True)
-    else:
-        texts = [tokenizer.decode(i, skip_special_tokens=True) for i in ids]
-    return {s.id: text for s, text in zip(result.seqs, texts, strict=True)}
-
-
 def run_batch(
     cfg: DictConfig, output_dir: Path, hooks: Any, loaded: tuple[Any, ...] | None = None
 ) -> RunInfo:
@@ -415,41 +388,3 @@ def run_batch(
     write_results(output_dir, cfg, result, info.summary, info.texts)
     hooks.on_run_end(run=info, summary=info.summary)
     return info
-
-
-class HasPartialResult(Protocol):
-    """What a stopped run's partial results come from: an engine, a cluster, or an engine
-    in a process of its own (the server's)."""
-
-    def partial_result(self) -> RunResult: ...
-
-
-def abort(
-    info: RunInfo,
-    engine: HasPartialResult,
-    tokenizer: Any,
-    hooks: Any,
-    error: BaseException,
-) -> None:
-    """Write the partial results and tell the observers; never mask `error`.
-
-    Anything that fails in here (the books of a half-finished step may not add up) is
-    logged and noted on `error`, which the caller re-raises.
-    """
-    summary = mark_incomplete(dict(info.startup), error)
-    try:
-        result = engine.partial_result()
-        summary = mark_incomplete(summarize(result) | info.startup, error)
-        info.result, info.summary = result, summary
-        info.texts = decode_outputs(tokenizer, result)
-        write_results(info.output_dir, info.config, result, summary, info.texts)
-    except Exception as exc:
-        log.exception("could not write the partial results of the stopped run")
-        error.add_note(f"(the partial results could not be written: {exc!r})")
-        with contextlib.suppress(Exception):  # at least say that the run is incomplete
-            write_marker(info.output_dir, summary)
-    try:
-        hooks.on_run_abort(run=info, error=error, summary=summary)
-    except Exception as exc:
-        log.exception("an observer failed in on_run_abort")
-        error.add_note(f"(and on_run_abort failed: {exc})")

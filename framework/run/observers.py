@@ -10,8 +10,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from framework.plugin_host.registry import registry
-from framework.run.app import RunInfo, run_batch
+from framework.run.app import run_batch
 from framework.run.errors import UserError
+from framework.run.run_info import RunInfo
 
 
 def run_with_observers(

@@ -28,21 +28,13 @@ from omegaconf import DictConfig
 
 from framework.plugin_host.faults import guard_hooks
 from framework.plugin_host.registry import registry
-from framework.run.app import (
-    HasPartialResult,
-    RunInfo,
-    abort,
-    build_engine,
-    build_policies,
-    decode_outputs,
-    load,
-    resolve_device,
-    start_run,
-)
+from framework.run.app import build_engine, build_policies, load, resolve_device, start_run
 from framework.run.config_checks import check_run, check_window
 from framework.run.errors import user_input
-from framework.run.report import mark_complete, write_results
+from framework.run.report import decode_outputs, mark_complete, write_results
+from framework.run.run_info import RunInfo
 from framework.run.server_config import check_server
+from framework.run.stopped import HasPartialResult, abort
 from framework.run.summary import summarize
 from framework.serve.app import ServerState, create_app
 from framework.serve.engine_client import EngineClient, wanted_hooks
