@@ -198,14 +198,19 @@ def test_openai_client_streams_and_answers_whole(tiny, tmp_path) -> None:
         assert sample(7) != sample(8)
 
 
+@pytest.mark.parametrize("engine", ["thread", "process"])
 @pytest.mark.parametrize("output", [[], DEFERRED], ids=["immediate", "deferred"])
-def test_greedy_answers_are_those_of_a_batch_run(tiny, tmp_path, output: list[str]) -> None:
+def test_greedy_answers_are_those_of_a_batch_run(
+    tiny, tmp_path, output: list[str], engine: str
+) -> None:
+    """Whole and streamed, concurrently, with the engine in a thread of the server's process
+    or in a process of its own: the tokens of a batch run of the same prompts."""
     model, tok = tiny
     ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     specs = [RequestSpec(f"r{i}", p, SamplingParams(max_tokens=10)) for i, p in enumerate(ids)]
     batch = run_engine(make_cfg(*FIXED, *output), model, tok, specs)
     want = {s.id: s.output_token_ids for s in batch.seqs}
-    with served(tmp_path, *FIXED, *output, loaded=loaded(tiny)) as s:
+    with served(tmp_path, *FIXED, *output, loaded=loaded(tiny), engine=engine) as s:
         client = s.client()
 
         def ask(i: int) -> Any:
@@ -213,15 +218,30 @@ def test_greedy_answers_are_those_of_a_batch_run(tiny, tmp_path, output: list[st
                 model="tiny", prompt=ids[i], max_tokens=10, temperature=0
             )
 
-        with ThreadPoolExecutor(len(ids)) as pool:
+        def streamed(i: int) -> str:
+            parts = client.completions.create(
+                model="tiny", prompt=ids[i], max_tokens=10, temperature=0, stream=True
+            )
+            return "".join(p.choices[0].text for p in parts if p.choices)
+
+        with ThreadPoolExecutor(2 * len(ids)) as pool:
             answers = list(pool.map(ask, range(len(ids))))
+            texts = list(pool.map(streamed, range(len(ids))))
         for i, a in enumerate(answers):
-            assert s.seq(a.id).output_token_ids == want[f"r{i}"]
             assert a.choices[0].text == tok.decode(want[f"r{i}"], skip_special_tokens=True)
+            assert texts[i] == a.choices[0].text
+        assert s.metric("request_success_total") == 2 * len(ids)
+    served_tokens = {q.id: q.output_token_ids for q in s.info["run"].result.seqs}
+    for i, a in enumerate(answers):  # the run's own record, sent back by the engine at the end
+        assert served_tokens[a.id] == want[f"r{i}"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["incomplete"] is False
 
 
-def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
-    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny)) as s:
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path, engine: str) -> None:
+    """Whether the engine runs in a thread or a process of its own (the abort then crosses a
+    pipe), a client gone mid-stream frees its blocks, and the server goes on serving."""
+    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny), engine=engine) as s:
         client = s.client()
         stream = client.completions.create(
             model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
@@ -236,10 +256,13 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
             time.sleep(0.05)
         assert s.metric("request_aborted_total") == 1
         assert s.metric("kv_cache_blocks_used") == 0
-        assert s.running.loop.engine.pool.num_used == 0
+        assert s.running.loop.in_flight() == 0
+        if engine == "thread":
+            assert s.running.loop.engine.pool.num_used == 0  # the pool, as the engine sees it
         # ... and the server goes on serving
         r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body=EOS)
         assert r.usage.completion_tokens == 3
+    assert s.info["run"].summary["aborted"] == 1  # the books, checked where the engine ran
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["aborted"] == 1 and metrics["incomplete"] is False
     rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
