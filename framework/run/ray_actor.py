@@ -70,8 +70,7 @@ class ReplicaActor:
         try:
             while not self.closed.is_set():
                 with self.lock:
-                    while not self.inbox.empty():
-                        self.engine.submit(self.inbox.get(), self.eos)
+                    self._take_in()
                     if self.engine.has_work:
                         self.engine.advance()
                         continue
@@ -79,13 +78,22 @@ class ReplicaActor:
         except BaseException as exc:  # every later call raises it: the driver sees a loss
             self.error = exc
 
+    def _take_in(self) -> None:
+        """Under `lock`: every request handed over, into the engine."""
+        while not self.inbox.empty():
+            self.engine.submit(self.inbox.get(), self.eos)
+
     def _check(self) -> None:
         if self.error is not None:
             raise self.error
 
     def state(self, index: int, request: RequestSpec) -> ReplicaState:
+        """What the router reads, counting every request handed over so far: one the
+        stepping thread has not yet taken in (it may not have run since, on a busy machine)
+        counts as the engine's, else a router would see this replica emptier than it is."""
         self._check()
         with self.lock:
+            self._take_in()
             return ReplicaState.of(ReplicaView(index, self.engine), request)
 
     def submit(self, spec: RequestSpec) -> None:
