@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace {
 
@@ -93,12 +94,11 @@ void dispatch(int64_t rows, const W* w, const float* x, const W* bias, O* out, i
 }
 
 template <typename W>
-void run(const at::Tensor& xf, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         at::Tensor& out) {
-  const int64_t rows = xf.size(0), k_len = xf.size(1), n_out = weight.size(0);
+void run(const float* x, int64_t rows, const at::Tensor& weight,
+         const std::optional<at::Tensor>& bias, at::Tensor& out) {
+  const int64_t k_len = weight.size(1), n_out = weight.size(0);
   const W* w = weight.data_ptr<W>();
   const W* b = bias.has_value() ? bias->data_ptr<W>() : nullptr;
-  const float* x = xf.data_ptr<float>();
   if (out.scalar_type() == at::kFloat) {
     dispatch<W, float>(rows, w, x, b, out.data_ptr<float>(), n_out, k_len);
   } else {
@@ -128,14 +128,26 @@ at::Tensor small_linear(const at::Tensor& input, const at::Tensor& weight,
     TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == n_out,
                 "small_linear kernel: a contiguous bias of out_features in the weight's dtype");
   }
-  const at::Tensor xf = input.reshape({rows, k_len}).to(at::kFloat).contiguous();
+  // The input as fp32 rows: in place where it is already, else widened here (a few KB; an
+  // ATen conversion would cost more than a small layer's whole product).
+  const at::Tensor x = input.is_contiguous() ? input : input.contiguous();
+  const float* xf = nullptr;
+  std::vector<float> widened;
+  if (in_dtype == at::kFloat) {
+    xf = x.data_ptr<float>();
+  } else {
+    const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
+    widened.resize(rows * k_len);
+    for (int64_t i = 0; i < rows * k_len; ++i) widened[i] = static_cast<float>(xb[i]);
+    xf = widened.data();
+  }
   auto sizes = input.sizes().vec();
   sizes.back() = n_out;
   at::Tensor out = at::empty(sizes, input.options());
   if (dtype == at::kFloat) {
-    run<float>(xf, weight, bias, out);
+    run<float>(xf, rows, weight, bias, out);
   } else {
-    run<c10::BFloat16>(xf, weight, bias, out);
+    run<c10::BFloat16>(xf, rows, weight, bias, out);
   }
   return out;
 }
