@@ -117,16 +117,17 @@ def test_layers_use_it_up_to_their_rows_and_give_it_back() -> None:
 def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     model, _ = tiny
     fast, slow = {"kernel": 1.0, "current": 2.0}, {"kernel": 2.0, "current": 1.0}
-    rows, choice = kc._measured_small({1: fast, 2: fast, 3: slow, 4: fast})
+    rows, choice = kc._measured_small({1: fast, 2: fast, 3: slow})
     assert rows == 2 and choice.use and choice.why.startswith("up to 2 rows; ")
-    rows, choice = kc._measured_small({1: slow, 2: fast, 3: fast, 4: fast})
+    rows, choice = kc._measured_small({1: slow, 2: fast, 3: fast})
     assert rows == 0 and not choice.use
     off = kc.choose_small_linears(model, "auto", "false")
     assert not off.use and small_rows(model) == 0  # packed_linears=false: stock everywhere
     on = kc.choose_small_linears(model, "true", "false")
-    assert on == kc.Choice(True, "set", "up to 4 rows") and small_rows(model) == 4
+    most = kc.SMALL_ROWS
+    assert on == kc.Choice(True, "set", f"up to {most} rows") and small_rows(model) == most
     monkeypatch.setattr(kc, "_SMALL", {})
-    monkeypatch.setattr(kc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow, 4: slow})
+    monkeypatch.setattr(kc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow})
     auto = kc.choose_small_linears(model, "auto", "auto")
     assert auto.how == "measured" and small_rows(model) == 1
     assert kc.choose_small_linears(model, False, "auto") == kc.Choice(False, "set", "")
@@ -142,6 +143,6 @@ def test_engine_greedy_equals_the_stock_linears(tiny: tuple[Any, Any]) -> None:
     stock = run_engine(make_cfg(*common, "engine.packed_linears=false"), model, tok, specs)
     on = make_cfg(*common, "engine.packed_linears=false", "engine.small_linear=true")
     ours = run_engine(on, model, tok, specs)
-    assert small_rows(model) == 4
+    assert small_rows(model) == kc.SMALL_ROWS
     assert tokens(ours) == tokens(stock)
     set_small_rows(model, 0)
