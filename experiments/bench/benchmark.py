@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> Path:
         f"{isa_summary()}; load average {load_start:.2f} at the start, "
         f"{os.getloadavg()[0]:.2f} at the end",
         **{
-            f"kernels ({p.dtype})": f"linears {p.kernels.get('linears', '?')}; decode "
+            f"kernels ({p.dtype})": f"linears {p.kernels.get('linears', '?')}; small-row "
+            f"linears {p.kernels.get('small_linear', '?')}; decode "
             f"attention {p.kernels.get('decode_attention', '?')}; argmax "
             f"{p.kernels.get('argmax', '?')}; layer glue {p.kernels.get('layer_glue', '?')}"
             for p in passes

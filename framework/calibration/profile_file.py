@@ -85,6 +85,7 @@ def make_meta(
             "block_size": int(cfg.engine.block_size),
             # as set (auto: measured at start-up; `kernels` says what ran)
             "packed_linears": str(cfg.engine.packed_linears),
+            "small_linear": str(cfg.engine.small_linear),
             "paged_kernel": str(cfg.engine.paged_kernel),
             "argmax_kernel": str(cfg.engine.argmax_kernel),
             "check_invariants": bool(cfg.engine.check_invariants),

@@ -29,6 +29,7 @@ from framework.executors.kernel_choice import (
     choose_flex,
     choose_glue,
     choose_linears,
+    choose_small_linears,
 )
 from framework.executors.kernels.argmax import kernel_argmax
 from framework.executors.logprobs import keep_scored, score
@@ -53,6 +54,7 @@ class HFExecutor:
         cache: KVCache,
         device: torch.device,
         packed_linears: Any = AUTO,
+        small_linear: Any = AUTO,
         paged_kernel: Any = AUTO,
         argmax_kernel: Any = AUTO,
         layer_glue: Any = AUTO,
@@ -80,6 +82,7 @@ class HFExecutor:
         # The model object may be shared (tests, benchmarks): each engine states its own way,
         # measured on this machine unless set (auto / true / false).
         self.linears = choose_linears(model, packed_linears)
+        self.small = choose_small_linears(model, small_linear, packed_linears)
         self.glue = choose_glue(model, layer_glue, device)
         bs = cache.block_size
         self.flex_dec = choose_flex(flex_decode, "flex_decode", device, bs)
@@ -239,6 +242,7 @@ class HFExecutor:
         return {
             "executor": "model",
             "linears": self.linears.said("packed", "stock"),
+            "small_linear": self.small.said("kernel", "off"),
             "decode_attention": flex.said("flex_attention", "")
             if flex.use
             else self.decode.said("paged_kernel", "gather_sdpa"),

@@ -11,10 +11,10 @@ the run's own model, dtype and thread count, in alternating rounds (a slow spell
 machine falls on both sides), and kept for the process.
 
 Each choice is reported (`HFExecutor.describe`, so `metrics.json` and MLflow): what runs, how
-it was decided (`measured`, `set` by `engine.packed_linears` / `engine.paged_kernel` /
-`engine.argmax_kernel`, `engine.layer_glue`, `engine.flex_decode` / `engine.flex_prefill`,
-`default` where the device decides unmeasured, or `unavailable` with the reason) and the
-timings it was decided on.
+it was decided (`measured`, `set` by `engine.packed_linears` / `engine.small_linear` /
+`engine.paged_kernel` / `engine.argmax_kernel`, `engine.layer_glue`, `engine.flex_decode` /
+`engine.flex_prefill`, `default` where the device decides unmeasured, or `unavailable` with
+the reason) and the timings it was decided on.
 """
 
 from __future__ import annotations
@@ -32,8 +32,16 @@ from torch import nn
 from framework.executors import flex_paged, layer_glue
 from framework.executors.fused_llama import CPP, Glue
 from framework.executors.kernels import argmax, compiled_glue, glue
+from framework.executors.kernels.build import unavailable
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
-from framework.executors.packed_linear import PACKED, can_pack, pack_linears, unpack_linears
+from framework.executors.packed_linear import (
+    PACKED,
+    can_pack,
+    pack_linears,
+    set_small_rows,
+    small_layers,
+    unpack_linears,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -43,6 +51,9 @@ ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds coun
 LINEAR_ROWS = (1, 16, 64)  # a lone decode row, a decode batch, a large batch or a prompt
 REPEAT = 5  # calls per timed round of a short kernel (a layer's attention is ~1 ms)
 MARGIN = 0.97  # packing holds every weight twice: it must win by more than noise
+# The most rows the matrix-vector kernel is timed at and run for (it takes up to 4): at 4 rows
+# it broke even with oneDNN on the Zen 4 VM, a call either way inside the noise.
+SMALL_ROWS = 3
 FLEX_KEYS = ("flex_decode", "flex_prefill")  # flex_attention: chosen by device, not timed
 
 
@@ -159,6 +170,80 @@ def _measured_linears(t: dict[str, float]) -> Choice:
     why = f"packed {1e3 * t['packed']:.3g} ms, stock {1e3 * t['stock']:.3g} ms a pass"
     why += f" at {rows} rows"
     return Choice(use, "measured", why)
+
+
+# ---- the matrix-vector kernel for Linear layers at a few rows -----------------------------
+def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Choice:
+    """Up to how many rows (0 to `SMALL_ROWS`) the model's Linear layers run nanoserve's
+    matrix-vector kernel (`kernels/gemv.cpp`) in place of the path `choose_linears` left them
+    on; and do it. Call it after `choose_linears`. `engine.packed_linears=false` keeps the
+    stock `nn.Linear` everywhere unless this is set true."""
+    want = setting(value, "small_linear")
+    if want is None and setting(packed_value, "packed_linears") is False:
+        set_small_rows(model, 0)
+        return Choice(False, "set", "stock Linear: engine.packed_linears=false")
+    if want is False:
+        set_small_rows(model, 0)
+        return Choice(False, "set", "")
+    param = next(model.parameters())
+    on = param.device.type
+    reason = unavailable() if on == "cpu" else f"it runs on CPU only (this model: {on})"
+    if reason is None and not small_layers(model):
+        reason = f"no CPU float32 / bfloat16 Linear layer (this model: {param.dtype})"
+    if reason is not None:
+        set_small_rows(model, 0)
+        return Choice(False, "unavailable", reason)
+    if want:
+        set_small_rows(model, SMALL_ROWS)
+        return Choice(True, "set", f"up to {SMALL_ROWS} rows")
+    packed = any(hasattr(m, PACKED) for m in model.modules())
+    key = (_shape(model), param.dtype, torch.get_num_threads(), packed)
+    if key not in _SMALL:
+        set_small_rows(model, 0)  # the current path timed as it is
+        _SMALL[key] = _measured_small(_small_times(model))
+    rows, choice = _SMALL[key]
+    set_small_rows(model, rows)
+    return choice
+
+
+# As `_LINEARS`, with whether the layers are packed: up to how many rows, and the choice.
+_SMALL: dict[tuple[Any, ...], tuple[int, Choice]] = {}
+
+
+@torch.inference_mode()
+def _small_times(model: nn.Module) -> dict[int, dict[str, float]]:
+    """Seconds of one pass through every Linear layer at 1 to `SMALL_ROWS` rows, by the
+    kernel and by the layers' current path (packed or stock), in alternating rounds."""
+    dtype = next(model.parameters()).dtype
+    linears = small_layers(model)
+    kernel = torch.ops.nanoserve.small_linear
+    times = {}
+    for n in range(1, SMALL_ROWS + 1):
+        xs = [torch.randn(n, m.in_features, dtype=dtype) for m in linears]
+
+        def small(xs: list[torch.Tensor] = xs) -> None:
+            for m, x in zip(linears, xs, strict=True):
+                kernel(x, m.weight, m.bias)
+
+        def current(xs: list[torch.Tensor] = xs) -> None:
+            for m, x in zip(linears, xs, strict=True):
+                m(x)  # packed or stock: the matrix-vector kernel is not set yet
+
+        times[n] = best_of({"kernel": small, "current": current})
+    return times
+
+
+def _measured_small(t: dict[int, dict[str, float]]) -> tuple[int, Choice]:
+    """The rule on measured seconds: the kernel up to the last row count of an unbroken run,
+    from 1 row, where it is faster."""
+    rows = 0
+    while rows + 1 in t and t[rows + 1]["kernel"] < t[rows + 1]["current"]:
+        rows += 1
+    pairs = ", ".join(
+        f"{n} rows {1e3 * v['kernel']:.3g}/{1e3 * v['current']:.3g}" for n, v in sorted(t.items())
+    )
+    why = f"up to {rows} rows; kernel/current ms a pass: {pairs}"
+    return rows, Choice(rows > 0, "measured", why)
 
 
 # ---- decode attention ---------------------------------------------------------------------

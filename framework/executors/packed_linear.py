@@ -12,6 +12,11 @@ puts the stock forward back, e.g. to time plain Hugging Face on the same model o
 Results differ from MKL's by fp32 rounding only (a different summation order). Whether the
 packing pays on the CPU at hand is measured, not assumed (`kernel_choice.choose_linears`): on
 an Intel Xeon with AMX it made no difference.
+
+At a few rows (decode at batch 1 or 2) the same forward can hand the layer to nanoserve's
+matrix-vector kernel instead (`kernels/gemv.cpp`), on the layer's own weight: oneDNN's small-M
+path read the weights at a fraction of the memory's speed. Up to how many rows is a layer
+attribute (`set_small_rows`), chosen by measurement too (`kernel_choice.choose_small_linears`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 PACKED = "_nanoserve_packed"  # attribute holding a layer's packed weight
+SMALL = "_nanoserve_small_rows"  # up to how many rows a layer runs the matrix-vector kernel
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -72,15 +79,65 @@ def rows_bucket(rows: int) -> int:
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    packed = getattr(self, PACKED)
     width = x.shape[-1]
     rows = x.numel() // width
+    if 0 < rows <= getattr(self, SMALL, 0) and not torch.is_grad_enabled():
+        return torch.ops.nanoserve.small_linear(x, self.weight, self.bias)
+    packed = getattr(self, PACKED, None)
+    if packed is None:  # the matrix-vector kernel on a stock layer: stock above its rows
+        return F.linear(x, self.weight, self.bias)
     padded = rows_bucket(rows)
     if padded == rows:
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
     flat = torch.cat([x.reshape(rows, width), x.new_zeros(padded - rows, width)])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")[:rows]
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _refresh(module: nn.Linear) -> None:
+    """The layer's forward follows its attributes: `_packed_forward` while it has a packed
+    weight or small rows, the class's own (stock) forward otherwise."""
+    if hasattr(module, PACKED) or hasattr(module, SMALL):
+        module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+    elif "forward" in module.__dict__:
+        del module.forward  # the instance attribute; the class's forward shows through
+
+
+def small_layers(model: nn.Module) -> list[nn.Linear]:
+    """The Linear layers the matrix-vector kernel takes: on the CPU, fp32 or bf16, a
+    contiguous weight, and a bias (if any) of the weight's dtype."""
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype in (torch.float32, torch.bfloat16)
+        and m.weight.is_contiguous()
+        and (m.bias is None or (m.bias.dtype == m.weight.dtype and m.bias.is_contiguous()))
+    ]
+
+
+def set_small_rows(model: nn.Module, rows: int) -> int:
+    """Run the model's Linear layers through the matrix-vector kernel at up to `rows` rows
+    (0: never); the kernels must be built (`kernels.build.unavailable`). Returns how many
+    layers take it."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and hasattr(module, SMALL):
+            delattr(module, SMALL)
+            _refresh(module)
+    if rows > 0:
+        for module in small_layers(model):
+            setattr(module, SMALL, rows)
+            _refresh(module)
+            count += 1
+    return count
+
+
+def small_rows(model: nn.Module) -> int:
+    """Up to how many rows the model's Linear layers run the matrix-vector kernel (0: never)."""
+    layers = (m for m in model.modules() if isinstance(m, nn.Linear))
+    return max((getattr(m, SMALL, 0) for m in layers), default=0)
 
 
 def pack_linears(model: nn.Module, rows_hint: int = 16) -> int:
@@ -98,28 +155,33 @@ def pack_linears(model: nn.Module, rows_hint: int = 16) -> int:
         if isinstance(module, nn.Linear) and not hasattr(module, PACKED):
             weight = module.weight.detach()
             setattr(module, PACKED, torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint))
-            module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+            _refresh(module)
             count += 1
     return count
 
 
 def unpack_linears(model: nn.Module) -> int:
-    """Undo `pack_linears`: the stock forward again, packed copies dropped."""
+    """Undo `pack_linears`: the packed copies dropped, and the stock forward again (above the
+    matrix-vector kernel's rows, where a layer has them)."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear) and hasattr(module, PACKED):
             delattr(module, PACKED)
-            del module.forward  # the instance attribute; the class's forward shows through
+            _refresh(module)
             count += 1
     return count
 
 
 @contextmanager
 def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
-    """Run a block with the stock `nn.Linear` forward, then pack again if it was packed."""
+    """Run a block with the stock `nn.Linear` forward, then pack again if it was packed, and
+    give back the matrix-vector kernel's rows."""
+    rows = small_rows(model)
+    set_small_rows(model, 0)
     was_packed = unpack_linears(model) > 0
     try:
         yield model
     finally:
         if was_packed:
             pack_linears(model)
+        set_small_rows(model, rows)

@@ -212,6 +212,7 @@ def build_engine(
             cache,
             device,
             packed_linears=e.packed_linears,
+            small_linear=e.small_linear,
             paged_kernel=e.paged_kernel,
             argmax_kernel=e.argmax_kernel,
             layer_glue=e.layer_glue,

@@ -44,7 +44,14 @@ def check_engine(e: Any) -> None:
         )
     if e.num_blocks is None and e.kv_memory_mb <= 0:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
-    kernels = ("packed_linears", "paged_kernel", "argmax_kernel", "layer_glue", *FLEX_KEYS)
+    kernels = (
+        "packed_linears",
+        "small_linear",
+        "paged_kernel",
+        "argmax_kernel",
+        "layer_glue",
+        *FLEX_KEYS,
+    )
     for name in kernels:
         setting(e[name], name)  # auto, true or false
     graphs_setting(e.cuda_graphs)

@@ -18,7 +18,8 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCES = tuple(
-    HERE / name for name in ("paged_decode.cpp", "argmax.cpp", "glue.cpp", "decode_attention.cpp")
+    HERE / name
+    for name in ("paged_decode.cpp", "argmax.cpp", "glue.cpp", "decode_attention.cpp", "gemv.cpp")
 )
 HEADERS = tuple(sorted(HERE.glob("*.h")))
 # -fopenmp: `at::parallel_for` is a header template that runs its OpenMP loop only when the

@@ -1,0 +1,148 @@
+"""nanoserve's matrix-vector kernel for Linear layers at a few rows (`kernels/gemv.cpp`): what
+`torch.nn.functional.linear` computes (to fp32 rounding, bf16 within its rounding), at every
+row count it serves, with and without a bias, on sizes no vector width divides; a row's
+result the same whatever the batch; and an engine's greedy tokens on it equal to the stock
+Linear layers'. No time is asserted: whether it pays is the machine's (`kernel_choice`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from framework.executors import kernel_choice as kc
+from framework.executors.kernels.build import unavailable
+from framework.executors.packed_linear import (
+    SMALL,
+    set_small_rows,
+    small_rows,
+    stock_linears,
+)
+from tests.helpers import make_cfg, random_specs, run_engine, tokens
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    """The kernels are built here, or the module is skipped where they cannot be."""
+    import shutil
+
+    reason = unavailable()
+    if reason is not None and shutil.which("c++") is None:
+        pytest.skip(f"no C++ compiler here: {reason}")
+    if reason is not None and "AVX2" in reason:
+        pytest.skip(reason)
+    assert reason is None, reason
+
+
+def kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.nanoserve.small_linear(x, w, b)
+
+
+SIZES = [(1, 1), (7, 5), (8, 16), (16, 33), (576, 192), (577, 191), (1536, 577), (20, 1031)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("k", "n"), SIZES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_is_linear(rows: int, k: int, n: int, bias: bool, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + k + n)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    got = kernel(x, w, b)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    # The reference in fp64 over the same (exactly widened) values, then to the dtype.
+    want = F.linear(x.double(), w.double(), b.double() if bias else None)
+    scale = k**0.5
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * scale)
+    else:  # one rounding of the fp32 sum to bf16: within a bf16 unit of the value
+        torch.testing.assert_close(got.double(), want, rtol=8e-3, atol=1e-5 * scale)
+        stock = F.linear(x, w, b)
+        torch.testing.assert_close(got, stock, rtol=2e-2, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_is_the_same_in_any_batch(dtype: torch.dtype) -> None:
+    """Each row's sum runs in one order whatever the row count: batch 1 and batch 4 agree to
+    the bit, and leading dimensions are kept."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 577, generator=gen).to(dtype)
+    w = torch.randn(1031, 577, generator=gen).to(dtype)
+    b = torch.randn(1031, generator=gen).to(dtype)
+    whole = kernel(x, w, b)
+    assert whole.shape == (1, 4, 1031)
+    for r in range(4):
+        assert torch.equal(kernel(x[:, r : r + 1], w, b), whole[:, r : r + 1])
+
+
+def test_fp32_input_on_bf16_weights_and_bad_calls() -> None:
+    w = torch.randn(9, 17).to(torch.bfloat16)
+    x = torch.randn(2, 17)
+    got = kernel(x, w, None)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, F.linear(x, w.float()), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="1 to 4 rows"):
+        kernel(torch.randn(5, 17), w, None)
+    with pytest.raises(RuntimeError, match="in_features"):
+        kernel(torch.randn(1, 16), w, None)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel(x, torch.randn(17, 9).t(), None)
+
+
+def test_layers_use_it_up_to_their_rows_and_give_it_back() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8, bias=False))
+    x = {n: torch.randn(n, 24) for n in (1, 2, 3, 8)}
+    with torch.inference_mode():
+        want = {n: m(v) for n, v in x.items()}
+        assert set_small_rows(m, 2) == 2 and small_rows(m) == 2
+        for n, v in x.items():
+            torch.testing.assert_close(m(v), want[n], rtol=1e-5, atol=1e-5)
+            if n > 2:  # above its rows: the stock forward, to the bit
+                assert torch.equal(m(v), want[n])
+        with stock_linears(m):
+            assert small_rows(m) == 0 and "forward" not in m[0].__dict__
+        assert small_rows(m) == 2
+    assert set_small_rows(m, 0) == 0
+    assert not hasattr(m[0], SMALL) and "forward" not in m[0].__dict__
+
+
+def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    model, _ = tiny
+    fast, slow = {"kernel": 1.0, "current": 2.0}, {"kernel": 2.0, "current": 1.0}
+    rows, choice = kc._measured_small({1: fast, 2: fast, 3: slow})
+    assert rows == 2 and choice.use and choice.why.startswith("up to 2 rows; ")
+    rows, choice = kc._measured_small({1: slow, 2: fast, 3: fast})
+    assert rows == 0 and not choice.use
+    off = kc.choose_small_linears(model, "auto", "false")
+    assert not off.use and small_rows(model) == 0  # packed_linears=false: stock everywhere
+    on = kc.choose_small_linears(model, "true", "false")
+    most = kc.SMALL_ROWS
+    assert on == kc.Choice(True, "set", f"up to {most} rows") and small_rows(model) == most
+    monkeypatch.setattr(kc, "_SMALL", {})
+    monkeypatch.setattr(kc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow})
+    auto = kc.choose_small_linears(model, "auto", "auto")
+    assert auto.how == "measured" and small_rows(model) == 1
+    assert kc.choose_small_linears(model, False, "auto") == kc.Choice(False, "set", "")
+    assert small_rows(model) == 0
+
+
+def test_engine_greedy_equals_the_stock_linears(tiny: tuple[Any, Any]) -> None:
+    """Batch 1 and 2 decode steps (and a few rows of prefill) through the kernel give the
+    tokens the stock Linear layers give on the tiny model."""
+    model, tok = tiny
+    specs = random_specs(tok, 3, seed=7, prompt=(1, 4), output=(4, 12))
+    common = ("model=tiny", "engine.max_num_seqs=2", "engine.check_invariants=true")
+    stock = run_engine(make_cfg(*common, "engine.packed_linears=false"), model, tok, specs)
+    on = make_cfg(*common, "engine.packed_linears=false", "engine.small_linear=true")
+    ours = run_engine(on, model, tok, specs)
+    assert small_rows(model) == kc.SMALL_ROWS
+    assert tokens(ours) == tokens(stock)
+    set_small_rows(model, 0)
