@@ -250,21 +250,18 @@ class EngineClient:
             for seq in finished:
                 self.on_finished(seq)
 
-    def _end(self) -> None:
-        with self._lock:
-            self._ended = True
-            left = list(self.streams.values())
-            self.streams.clear()
-        for stream in left:  # none, after a clean stop; refused if any slipped in
-            stream.put(Event(rejected="the server is shutting down"))
-
-    def _failed(self, error: BaseException) -> None:
-        self.error = error
+    def _end(self, last: Event | None = None) -> None:
+        """No more submits; every stream still waiting gets `last` (by default refused: none
+        waits after a clean stop, but one may have slipped in as it ended)."""
         with self._lock:
             self._ended = True
             left = list(self.streams.values())
             self.streams.clear()
         for stream in left:
-            stream.put(Event(error=f"the engine stopped: {type(error).__name__}: {error}"))
+            stream.put(last or Event(rejected="the server is shutting down"))
+
+    def _failed(self, error: BaseException) -> None:
+        self.error = error
+        self._end(Event(error=f"the engine stopped: {type(error).__name__}: {error}"))
         if self.on_failure is not None:
             self.on_failure(error)
