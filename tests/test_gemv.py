@@ -1,8 +1,9 @@
-"""nanoserve's matrix-vector kernel for Linear layers at a few rows (`kernels/gemv.cpp`): what
-`torch.nn.functional.linear` computes (to fp32 rounding, bf16 within its rounding), at every
-row count it serves, with and without a bias, on sizes no vector width divides; a row's
-result the same whatever the batch; and an engine's greedy tokens on it equal to the stock
-Linear layers'. No time is asserted: whether it pays is the machine's (`kernel_choice`)."""
+"""nanoserve's Linear kernel (`kernels/gemv.cpp`: a matrix-vector product at a few rows, tiles
+at more): what `torch.nn.functional.linear` computes (to fp32 rounding, bf16 within its
+rounding), on both paths and odd row counts, with and without a bias, on sizes no vector width
+divides; a row's result the same whatever the batch; the choice's rule and the layers each
+rung is timed on; and an engine's greedy tokens on it equal to the stock Linear layers'. No
+time is asserted: whether it pays is the machine's (`kernel_choice`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 from framework.executors import kernel_choice as kc
 from framework.executors.kernels.build import unavailable
 from framework.executors.packed_linear import (
+    EVERY_ROW,
     SMALL,
     set_small_rows,
     small_rows,
@@ -46,7 +48,7 @@ def kernel(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 SIZES = [(1, 1), (7, 5), (8, 16), (16, 33), (576, 192), (577, 191), (1536, 577), (20, 1031)]
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 33])
 @pytest.mark.parametrize(("k", "n"), SIZES)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -70,16 +72,20 @@ def test_kernel_is_linear(rows: int, k: int, n: int, bias: bool, dtype: torch.dt
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_is_the_same_in_any_batch(dtype: torch.dtype) -> None:
-    """Each row's sum runs in one order whatever the row count: batch 1 and batch 4 agree to
-    the bit, and leading dimensions are kept."""
+    """Each row's sum runs in one order whatever the row count and path: a row alone (the
+    matrix-vector path), in 4 and in 9 (tiles, an odd row and an odd weight row left over)
+    agree to the bit, and leading dimensions are kept."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, 577, generator=gen).to(dtype)
+    x = torch.randn(1, 9, 577, generator=gen).to(dtype)
     w = torch.randn(1031, 577, generator=gen).to(dtype)
     b = torch.randn(1031, generator=gen).to(dtype)
     whole = kernel(x, w, b)
-    assert whole.shape == (1, 4, 1031)
-    for r in range(4):
+    assert whole.shape == (1, 9, 1031)
+    four = kernel(x[:, 3:7], w, b)
+    for r in range(9):
         assert torch.equal(kernel(x[:, r : r + 1], w, b), whole[:, r : r + 1])
+        if 3 <= r < 7:
+            assert torch.equal(four[:, r - 3 : r - 2], whole[:, r : r + 1])
 
 
 def test_fp32_input_on_bf16_weights_and_bad_calls() -> None:
@@ -88,8 +94,8 @@ def test_fp32_input_on_bf16_weights_and_bad_calls() -> None:
     got = kernel(x, w, None)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, F.linear(x, w.float()), rtol=1e-5, atol=1e-5)
-    with pytest.raises(RuntimeError, match="1 to 4 rows"):
-        kernel(torch.randn(5, 17), w, None)
+    with pytest.raises(RuntimeError, match="at least 1 row"):
+        kernel(torch.randn(0, 17), w, None)
     with pytest.raises(RuntimeError, match="in_features"):
         kernel(torch.randn(1, 16), w, None)
     with pytest.raises(RuntimeError, match="contiguous"):
@@ -121,11 +127,14 @@ def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.Mon
     assert rows == 2 and choice.use and choice.why.startswith("up to 2 rows; ")
     rows, choice = kc._measured_small({1: slow, 2: fast, 3: fast})
     assert rows == 0 and not choice.use
+    rows, choice = kc._measured_small(dict.fromkeys(kc.SMALL_LADDER, fast))
+    assert rows == EVERY_ROW and choice.why.startswith("at every row count; ")
+    rows, _ = kc._measured_small({n: fast for n in kc.SMALL_LADDER[:-1]})  # the climb not done
+    assert rows == kc.SMALL_LADDER[-2]
     off = kc.choose_small_linears(model, "auto", "false")
     assert not off.use and small_rows(model) == 0  # packed_linears=false: stock everywhere
     on = kc.choose_small_linears(model, "true", "false")
-    most = kc.SMALL_ROWS
-    assert on == kc.Choice(True, "set", f"up to {most} rows") and small_rows(model) == most
+    assert on == kc.Choice(True, "set", "at every row count") and small_rows(model) == EVERY_ROW
     monkeypatch.setattr(kc, "_SMALL", {})
     monkeypatch.setattr(kc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow})
     auto = kc.choose_small_linears(model, "auto", "auto")
@@ -134,8 +143,21 @@ def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.Mon
     assert small_rows(model) == 0
 
 
+def test_large_rungs_are_timed_on_the_leading_layers() -> None:
+    """Up to `SMALL_WHOLE_ROWS` rows a rung times every layer; above, the fewest leading
+    layers whose multiply-adds reach `SMALL_RUNG_MACS`, always one, at most all."""
+    layers = [nn.Linear(64, 64, bias=False) for _ in range(16)]
+    whole = kc.SMALL_WHOLE_ROWS
+    assert kc.rung_layers(layers, 1) == layers == kc.rung_layers(layers, whole)
+    per_row = kc.SMALL_RUNG_MACS // 64**2  # rows x layers that make the budget
+    assert kc.rung_layers(layers, per_row // 4) == layers[:4]  # 4 make it exactly
+    assert kc.rung_layers(layers, per_row // 4 - 1) == layers[:5]
+    assert kc.rung_layers(layers, per_row * 1000) == layers[:1]
+    assert kc.rung_layers(layers, whole + 1) == layers  # all of them fall short: all
+
+
 def test_engine_greedy_equals_the_stock_linears(tiny: tuple[Any, Any]) -> None:
-    """Batch 1 and 2 decode steps (and a few rows of prefill) through the kernel give the
+    """Batch 1 and 2 decode steps and the prompts' prefill through the kernel give the
     tokens the stock Linear layers give on the tiny model."""
     model, tok = tiny
     specs = random_specs(tok, 3, seed=7, prompt=(1, 4), output=(4, 12))
@@ -143,6 +165,6 @@ def test_engine_greedy_equals_the_stock_linears(tiny: tuple[Any, Any]) -> None:
     stock = run_engine(make_cfg(*common, "engine.packed_linears=false"), model, tok, specs)
     on = make_cfg(*common, "engine.packed_linears=false", "engine.small_linear=true")
     ours = run_engine(on, model, tok, specs)
-    assert small_rows(model) == kc.SMALL_ROWS
+    assert small_rows(model) == EVERY_ROW
     assert tokens(ours) == tokens(stock)
     set_small_rows(model, 0)

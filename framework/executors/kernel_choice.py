@@ -35,6 +35,7 @@ from framework.executors.kernels import argmax, compiled_glue, glue
 from framework.executors.kernels.build import unavailable
 from framework.executors.kernels.paged_decode import available, paged_decode, why_not
 from framework.executors.packed_linear import (
+    EVERY_ROW,
     PACKED,
     can_pack,
     pack_linears,
@@ -51,9 +52,16 @@ ROUNDS = 3  # alternating rounds per choice; the best of each side's rounds coun
 LINEAR_ROWS = (1, 16, 64)  # a lone decode row, a decode batch, a large batch or a prompt
 REPEAT = 5  # calls per timed round of a short kernel (a layer's attention is ~1 ms)
 MARGIN = 0.97  # packing holds every weight twice: it must win by more than noise
-# The most rows the matrix-vector kernel is timed at and run for (it takes up to 4): at 4 rows
-# it broke even with oneDNN on the Zen 4 VM, a call either way inside the noise.
-SMALL_ROWS = 3
+# The row counts nanoserve's Linear kernel is timed at, climbing until the current path wins:
+# where that happens moves with the CPU and dtype (in fp32 between 3 and 16 rows on the EPYC
+# VMs; in bf16 without a bf16 matrix unit, never: the kernel won at every count).
+SMALL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 256)
+# Up to this many rows a rung times every layer (weights cold, as a decode step reads them);
+# above, the leading layers that make `SMALL_RUNG_MACS` multiply-adds: there the product is
+# bound by the multiplies, which a few layers show as well as all, and every layer at 256
+# rows took seconds a pass in bf16 on the AVX2 VM (the whole climb took 10 s of start-up).
+SMALL_WHOLE_ROWS = 4
+SMALL_RUNG_MACS = 1 << 28
 FLEX_KEYS = ("flex_decode", "flex_prefill")  # flex_attention: chosen by device, not timed
 
 
@@ -172,12 +180,12 @@ def _measured_linears(t: dict[str, float]) -> Choice:
     return Choice(use, "measured", why)
 
 
-# ---- the matrix-vector kernel for Linear layers at a few rows -----------------------------
+# ---- nanoserve's Linear kernel ------------------------------------------------------------
 def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Choice:
-    """Up to how many rows (0 to `SMALL_ROWS`) the model's Linear layers run nanoserve's
-    matrix-vector kernel (`kernels/gemv.cpp`) in place of the path `choose_linears` left them
-    on; and do it. Call it after `choose_linears`. `engine.packed_linears=false` keeps the
-    stock `nn.Linear` everywhere unless this is set true."""
+    """Up to how many rows (0: none; `EVERY_ROW`: all) the model's Linear layers run
+    nanoserve's Linear kernel (`kernels/gemv.cpp`) in place of the path `choose_linears` left
+    them on; and do it. Call it after `choose_linears`. `engine.packed_linears=false` keeps
+    the stock `nn.Linear` everywhere unless this is set true."""
     want = setting(value, "small_linear")
     if want is None and setting(packed_value, "packed_linears") is False:
         set_small_rows(model, 0)
@@ -194,8 +202,8 @@ def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Cho
         set_small_rows(model, 0)
         return Choice(False, "unavailable", reason)
     if want:
-        set_small_rows(model, SMALL_ROWS)
-        return Choice(True, "set", f"up to {SMALL_ROWS} rows")
+        set_small_rows(model, EVERY_ROW)
+        return Choice(True, "set", rows_said(EVERY_ROW))
     packed = any(hasattr(m, PACKED) for m in model.modules())
     key = (_shape(model), param.dtype, torch.get_num_threads(), packed)
     if key not in _SMALL:
@@ -210,39 +218,68 @@ def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Cho
 _SMALL: dict[tuple[Any, ...], tuple[int, Choice]] = {}
 
 
+def rows_said(rows: int) -> str:
+    return "at every row count" if rows >= EVERY_ROW else f"up to {rows} rows"
+
+
 @torch.inference_mode()
 def _small_times(model: nn.Module) -> dict[int, dict[str, float]]:
-    """Seconds of one pass through every Linear layer at 1 to `SMALL_ROWS` rows, by the
-    kernel and by the layers' current path (packed or stock), in alternating rounds."""
+    """Seconds of one pass through the Linear layers (`rung_layers`) at each rung of
+    `SMALL_LADDER`, by the kernel and by the layers' current path (packed or stock), in
+    alternating rounds; the climb stops at the first rung the current path wins."""
     dtype = next(model.parameters()).dtype
     linears = small_layers(model)
     kernel = torch.ops.nanoserve.small_linear
     times = {}
-    for n in range(1, SMALL_ROWS + 1):
-        xs = [torch.randn(n, m.in_features, dtype=dtype) for m in linears]
+    for n in SMALL_LADDER:
+        layers = rung_layers(linears, n)
+        xs = [torch.randn(n, m.in_features, dtype=dtype) for m in layers]
 
-        def small(xs: list[torch.Tensor] = xs) -> None:
-            for m, x in zip(linears, xs, strict=True):
+        def small(layers: list[nn.Linear] = layers, xs: list[torch.Tensor] = xs) -> None:
+            for m, x in zip(layers, xs, strict=True):
                 kernel(x, m.weight, m.bias)
 
-        def current(xs: list[torch.Tensor] = xs) -> None:
-            for m, x in zip(linears, xs, strict=True):
-                m(x)  # packed or stock: the matrix-vector kernel is not set yet
+        def current(layers: list[nn.Linear] = layers, xs: list[torch.Tensor] = xs) -> None:
+            for m, x in zip(layers, xs, strict=True):
+                m(x)  # packed or stock: the kernel is not set yet
 
         times[n] = best_of({"kernel": small, "current": current})
+        if times[n]["kernel"] >= times[n]["current"]:
+            break
     return times
 
 
+def rung_layers(linears: list[nn.Linear], rows: int) -> list[nn.Linear]:
+    """The layers a rung of `rows` rows is timed on: all of them up to `SMALL_WHOLE_ROWS`
+    rows, above that the fewest leading ones whose multiply-adds at `rows` rows reach
+    `SMALL_RUNG_MACS` (at least one, at most all)."""
+    if rows <= SMALL_WHOLE_ROWS:
+        return linears
+    budget = SMALL_RUNG_MACS
+    layers: list[nn.Linear] = []
+    size = 0
+    for m in linears:
+        if layers and size * rows >= budget:
+            break
+        layers.append(m)
+        size += m.weight.numel()
+    return layers
+
+
 def _measured_small(t: dict[int, dict[str, float]]) -> tuple[int, Choice]:
-    """The rule on measured seconds: the kernel up to the last row count of an unbroken run,
-    from 1 row, where it is faster."""
+    """The rule on measured seconds: the kernel up to the last rung of an unbroken run, from
+    the first, where it is faster; at every row count where it won every rung."""
     rows = 0
-    while rows + 1 in t and t[rows + 1]["kernel"] < t[rows + 1]["current"]:
-        rows += 1
+    for n in SMALL_LADDER:
+        if n not in t or t[n]["kernel"] >= t[n]["current"]:
+            break
+        rows = n
+    else:
+        rows = EVERY_ROW
     pairs = ", ".join(
         f"{n} rows {1e3 * v['kernel']:.3g}/{1e3 * v['current']:.3g}" for n, v in sorted(t.items())
     )
-    why = f"up to {rows} rows; kernel/current ms a pass: {pairs}"
+    why = f"{rows_said(rows)}; kernel/current ms a pass: {pairs}"
     return rows, Choice(rows > 0, "measured", why)
 
 

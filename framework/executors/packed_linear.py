@@ -13,14 +13,17 @@ Results differ from MKL's by fp32 rounding only (a different summation order). W
 packing pays on the CPU at hand is measured, not assumed (`kernel_choice.choose_linears`): on
 an Intel Xeon with AMX it made no difference.
 
-At a few rows (decode at batch 1 or 2) the same forward can hand the layer to nanoserve's
-matrix-vector kernel instead (`kernels/gemv.cpp`), on the layer's own weight: oneDNN's small-M
-path read the weights at a fraction of the memory's speed. Up to how many rows is a layer
-attribute (`set_small_rows`), chosen by measurement too (`kernel_choice.choose_small_linears`).
+Up to some row count the same forward can hand the layer to nanoserve's Linear kernel
+instead (`kernels/gemv.cpp`), on the layer's own weight: at a few rows (decode at batch 1 or 2)
+oneDNN's small-M path read the weights at a fraction of the memory's speed, and in bf16 on a
+CPU without a bf16 matrix unit PyTorch's bf16 Linear ran at a quarter of the kernel's speed at
+every row count. Up to how many rows is a layer attribute (`set_small_rows`; `EVERY_ROW` for
+all), chosen by measurement too (`kernel_choice.choose_small_linears`).
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PACKED = "_nanoserve_packed"  # attribute holding a layer's packed weight
-SMALL = "_nanoserve_small_rows"  # up to how many rows a layer runs the matrix-vector kernel
+SMALL = "_nanoserve_small_rows"  # up to how many rows a layer runs nanoserve's Linear kernel
+EVERY_ROW = sys.maxsize  # `SMALL` for a layer that runs it at every row count
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -84,7 +88,7 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if 0 < rows <= getattr(self, SMALL, 0) and not torch.is_grad_enabled():
         return torch.ops.nanoserve.small_linear(x, self.weight, self.bias)
     packed = getattr(self, PACKED, None)
-    if packed is None:  # the matrix-vector kernel on a stock layer: stock above its rows
+    if packed is None:  # nanoserve's kernel on a stock layer: stock above its rows
         return F.linear(x, self.weight, self.bias)
     padded = rows_bucket(rows)
     if padded == rows:
@@ -104,7 +108,7 @@ def _refresh(module: nn.Linear) -> None:
 
 
 def small_layers(model: nn.Module) -> list[nn.Linear]:
-    """The Linear layers the matrix-vector kernel takes: on the CPU, fp32 or bf16, a
+    """The Linear layers nanoserve's Linear kernel takes: on the CPU, fp32 or bf16, a
     contiguous weight, and a bias (if any) of the weight's dtype."""
     return [
         m
@@ -118,9 +122,9 @@ def small_layers(model: nn.Module) -> list[nn.Linear]:
 
 
 def set_small_rows(model: nn.Module, rows: int) -> int:
-    """Run the model's Linear layers through the matrix-vector kernel at up to `rows` rows
-    (0: never); the kernels must be built (`kernels.build.unavailable`). Returns how many
-    layers take it."""
+    """Run the model's Linear layers through nanoserve's Linear kernel at up to `rows` rows
+    (0: never; `EVERY_ROW`: always); the kernels must be built (`kernels.build.unavailable`).
+    Returns how many layers take it."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear) and hasattr(module, SMALL):
@@ -135,7 +139,7 @@ def set_small_rows(model: nn.Module, rows: int) -> int:
 
 
 def small_rows(model: nn.Module) -> int:
-    """Up to how many rows the model's Linear layers run the matrix-vector kernel (0: never)."""
+    """Up to how many rows the model's Linear layers run nanoserve's Linear kernel (0: never)."""
     layers = (m for m in model.modules() if isinstance(m, nn.Linear))
     return max((getattr(m, SMALL, 0) for m in layers), default=0)
 
@@ -162,7 +166,7 @@ def pack_linears(model: nn.Module, rows_hint: int = 16) -> int:
 
 def unpack_linears(model: nn.Module) -> int:
     """Undo `pack_linears`: the packed copies dropped, and the stock forward again (above the
-    matrix-vector kernel's rows, where a layer has them)."""
+    Linear kernel's rows, where a layer has them)."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear) and hasattr(module, PACKED):
@@ -175,7 +179,7 @@ def unpack_linears(model: nn.Module) -> int:
 @contextmanager
 def stock_linears(model: nn.Module) -> Iterator[nn.Module]:
     """Run a block with the stock `nn.Linear` forward, then pack again if it was packed, and
-    give back the matrix-vector kernel's rows."""
+    give back the Linear kernel's rows."""
     rows = small_rows(model)
     set_small_rows(model, 0)
     was_packed = unpack_linears(model) > 0

@@ -1,17 +1,24 @@
-// A Linear layer at a few rows (decode at batch 1 to 4) on CPU, AVX2 + FMA: y = x W^T + b, with
-// W in nn.Linear's own layout [out_features, in_features], float32 or bfloat16.
+// A Linear layer on CPU, AVX2 + FMA: y = x W^T + b, with W in nn.Linear's own layout
+// [out_features, in_features], float32 or bfloat16.
 //
-// Why: at one or two rows a Linear is a matrix-vector product, bound by reading the weight once
-// from memory (a decode step streams every layer's weights, far more than L3 holds). oneDNN's
-// packed small-M path read SmolLM2's weights at a fraction of what a plain streaming read
-// reaches on the project's EPYC VMs. Here each thread takes one contiguous run of output rows
-// (one contiguous stretch of the weight), reads each weight row once for all the input rows,
-// and asks for the weight a few rows ahead into L2 while it works.
+// Why, at a few rows (decode at batch 1 to 4): there a Linear is a matrix-vector product, bound
+// by reading the weight once from memory (a decode step streams every layer's weights, far
+// more than L3 holds). oneDNN's packed small-M path read SmolLM2's weights at a fraction of
+// what a plain streaming read reaches on the project's EPYC VMs. Here each thread takes one
+// contiguous run of output rows (one contiguous stretch of the weight), reads each weight row
+// once for all the input rows, and asks for the weight a few rows ahead into L2 while it works.
+//
+// More rows (a prefill, a larger batch) are bound by the multiplies, not the read: there a tile
+// of two weight rows by two input rows keeps eight FMA chains whose loads are shared, and the
+// input goes in blocks small enough for L2, each block one pass over the weights. In bf16 on a
+// CPU without bf16 instructions (AVX2 only) this was 3-4x PyTorch's bf16 Linear at every row
+// count; where oneDNN is faster (fp32 above ~10 rows), `kernel_choice` leaves it those counts.
 //
 // Numerics: each output is one fp32 sum, 16 lanes wide along in_features, the lanes added in a
-// fixed order, then the tail, then the bias; the same order whatever the row count, so a row's
-// result does not depend on the batch it is in. bf16 weights are widened to fp32 exactly (a
-// shift left by 16); bf16 inputs too; the output is rounded once to the input's dtype.
+// fixed order, then the tail, then the bias; the same order on either path and whatever the row
+// count, so a row's result does not depend on the batch it is in. bf16 weights are widened to
+// fp32 exactly (a shift left by 16); bf16 inputs too; the output is rounded once to the input's
+// dtype.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -25,7 +32,6 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 4;
 constexpr int64_t kAheadBytes = 2048;  // how far ahead of the loads the weight is asked for
 
 inline float hsum(__m256 v) {
@@ -70,6 +76,80 @@ inline void one_row(const W* w, const float* x, int64_t k_len, float bias, O* ou
   }
 }
 
+// The many-rows path's tile: NW weight rows (at `w + j * k_len`) by R input rows,
+// out[r * ldo + j] = x[r] . w[j] + bias[j], each output summed as `one_row` sums it.
+template <int NW, int R, typename W, typename O>
+inline void tile(const W* w, const float* x, int64_t k_len, const float* bias, O* out,
+                 int64_t ldo) {
+  __m256 lo[NW][R], hi[NW][R];
+  for (int j = 0; j < NW; ++j) {
+    for (int r = 0; r < R; ++r) lo[j][r] = hi[j][r] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + 16 <= k_len; k += 16) {
+    for (int j = 0; j < NW; ++j) {
+      const __m256 w0 = load8(w + j * k_len + k), w1 = load8(w + j * k_len + k + 8);
+      for (int r = 0; r < R; ++r) {
+        lo[j][r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k_len + k), lo[j][r]);
+        hi[j][r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k_len + k + 8), hi[j][r]);
+      }
+    }
+  }
+  if (k + 8 <= k_len) {
+    for (int j = 0; j < NW; ++j) {
+      const __m256 w0 = load8(w + j * k_len + k);
+      for (int r = 0; r < R; ++r) {
+        lo[j][r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k_len + k), lo[j][r]);
+      }
+    }
+    k += 8;
+  }
+  for (int j = 0; j < NW; ++j) {
+    for (int r = 0; r < R; ++r) {
+      float s = hsum(_mm256_add_ps(lo[j][r], hi[j][r]));
+      for (int64_t i = k; i < k_len; ++i) s += x[r * k_len + i] * widen(w[j * k_len + i]);
+      out[r * ldo + j] = static_cast<O>(s + bias[j]);
+    }
+  }
+}
+
+// NW weight rows against every input row of a block, two at a time (the weight rows stay in
+// L1 while the input passes).
+template <int NW, typename W, typename O>
+inline void against_block(const W* w, const float* x, int64_t rows, int64_t k_len,
+                          const float* bias, O* out, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) tile<NW, 2>(w, x + r * k_len, k_len, bias, out + r * ldo, ldo);
+  if (r < rows) tile<NW, 1>(w, x + r * k_len, k_len, bias, out + r * ldo, ldo);
+}
+
+template <typename W, typename O>
+void many_rows(const W* w, const float* x, int64_t rows, const W* bias, O* out, int64_t n_out,
+               int64_t k_len) {
+  std::vector<float> b(n_out, 0.0f);  // the bias in fp32 (zeros without one): tiles read it
+  if (bias) {
+    for (int64_t n = 0; n < n_out; ++n) b[n] = widen(bias[n]);
+  }
+  const int64_t block = std::max<int64_t>(2, (int64_t{1} << 17) / (k_len * int64_t{sizeof(float)}));
+  const int64_t pairs = (n_out + 1) / 2;
+  const int64_t grain = std::max<int64_t>(8, (int64_t{1} << 15) / (k_len * sizeof(W)));
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t here = std::min(block, rows - r0);
+    const float* xb = x + r0 * k_len;
+    O* ob = out + r0 * n_out;
+    at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = 2 * t;
+        if (n + 2 <= n_out) {
+          against_block<2>(w + n * k_len, xb, here, k_len, b.data() + n, ob + n, n_out);
+        } else {
+          against_block<1>(w + n * k_len, xb, here, k_len, b.data() + n, ob + n, n_out);
+        }
+      }
+    });
+  }
+}
+
 template <int R, typename W, typename O>
 void rows_of(const W* w, const float* x, const W* bias, O* out, int64_t n_out, int64_t k_len) {
   // A grain of 16 rows: a small layer runs on one thread rather than paying a fork for little.
@@ -89,7 +169,8 @@ void dispatch(int64_t rows, const W* w, const float* x, const W* bias, O* out, i
     case 1: return rows_of<1>(w, x, bias, out, n_out, k_len);
     case 2: return rows_of<2>(w, x, bias, out, n_out, k_len);
     case 3: return rows_of<3>(w, x, bias, out, n_out, k_len);
-    default: return rows_of<4>(w, x, bias, out, n_out, k_len);
+    case 4: return rows_of<4>(w, x, bias, out, n_out, k_len);
+    default: return many_rows(w, x, rows, bias, out, n_out, k_len);
   }
 }
 
@@ -122,14 +203,13 @@ at::Tensor small_linear(const at::Tensor& input, const at::Tensor& weight,
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == k_len, "small_linear kernel: input width ",
               input.size(-1), " is not the weight's in_features ", k_len);
   const int64_t rows = k_len ? input.numel() / k_len : 0;
-  TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "small_linear kernel: 1 to ", kMaxRows,
-              " rows, got ", rows);
+  TORCH_CHECK(rows >= 1, "small_linear kernel: at least 1 row, got ", rows);
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == n_out,
                 "small_linear kernel: a contiguous bias of out_features in the weight's dtype");
   }
-  // The input as fp32 rows: in place where it is already, else widened here (a few KB; an
-  // ATen conversion would cost more than a small layer's whole product).
+  // The input as fp32 rows: in place where it is already, else widened here (a few KB at
+  // decode sizes, where an ATen conversion would cost more than a small layer's product).
   const at::Tensor x = input.is_contiguous() ? input : input.contiguous();
   const float* xf = nullptr;
   std::vector<float> widened;
