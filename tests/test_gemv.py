@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.executors import kernel_choice as kc
+from framework.executors import linear_choice as lc
 from framework.executors.kernels.build import unavailable
 from framework.executors.packed_linear import (
     EVERY_ROW,
@@ -123,23 +124,23 @@ def test_layers_use_it_up_to_their_rows_and_give_it_back() -> None:
 def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     model, _ = tiny
     fast, slow = {"kernel": 1.0, "current": 2.0}, {"kernel": 2.0, "current": 1.0}
-    rows, choice = kc._measured_small({1: fast, 2: fast, 3: slow})
+    rows, choice = lc._measured_small({1: fast, 2: fast, 3: slow})
     assert rows == 2 and choice.use and choice.why.startswith("up to 2 rows; ")
-    rows, choice = kc._measured_small({1: slow, 2: fast, 3: fast})
+    rows, choice = lc._measured_small({1: slow, 2: fast, 3: fast})
     assert rows == 0 and not choice.use
-    rows, choice = kc._measured_small(dict.fromkeys(kc.SMALL_LADDER, fast))
+    rows, choice = lc._measured_small(dict.fromkeys(lc.SMALL_LADDER, fast))
     assert rows == EVERY_ROW and choice.why.startswith("at every row count; ")
-    rows, _ = kc._measured_small({n: fast for n in kc.SMALL_LADDER[:-1]})  # the climb not done
-    assert rows == kc.SMALL_LADDER[-2]
-    off = kc.choose_small_linears(model, "auto", "false")
+    rows, _ = lc._measured_small({n: fast for n in lc.SMALL_LADDER[:-1]})  # the climb not done
+    assert rows == lc.SMALL_LADDER[-2]
+    off = lc.choose_small_linears(model, "auto", "false")
     assert not off.use and small_rows(model) == 0  # packed_linears=false: stock everywhere
-    on = kc.choose_small_linears(model, "true", "false")
+    on = lc.choose_small_linears(model, "true", "false")
     assert on == kc.Choice(True, "set", "at every row count") and small_rows(model) == EVERY_ROW
-    monkeypatch.setattr(kc, "_SMALL", {})
-    monkeypatch.setattr(kc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow})
-    auto = kc.choose_small_linears(model, "auto", "auto")
+    monkeypatch.setattr(lc, "_SMALL", {})
+    monkeypatch.setattr(lc, "_small_times", lambda m: {1: fast, 2: slow, 3: slow})
+    auto = lc.choose_small_linears(model, "auto", "auto")
     assert auto.how == "measured" and small_rows(model) == 1
-    assert kc.choose_small_linears(model, False, "auto") == kc.Choice(False, "set", "")
+    assert lc.choose_small_linears(model, False, "auto") == kc.Choice(False, "set", "")
     assert small_rows(model) == 0
 
 
@@ -147,13 +148,13 @@ def test_large_rungs_are_timed_on_the_leading_layers() -> None:
     """Up to `SMALL_WHOLE_ROWS` rows a rung times every layer; above, the fewest leading
     layers whose multiply-adds reach `SMALL_RUNG_MACS`, always one, at most all."""
     layers = [nn.Linear(64, 64, bias=False) for _ in range(16)]
-    whole = kc.SMALL_WHOLE_ROWS
-    assert kc.rung_layers(layers, 1) == layers == kc.rung_layers(layers, whole)
-    per_row = kc.SMALL_RUNG_MACS // 64**2  # rows x layers that make the budget
-    assert kc.rung_layers(layers, per_row // 4) == layers[:4]  # 4 make it exactly
-    assert kc.rung_layers(layers, per_row // 4 - 1) == layers[:5]
-    assert kc.rung_layers(layers, per_row * 1000) == layers[:1]
-    assert kc.rung_layers(layers, whole + 1) == layers  # all of them fall short: all
+    whole = lc.SMALL_WHOLE_ROWS
+    assert lc.rung_layers(layers, 1) == layers == lc.rung_layers(layers, whole)
+    per_row = lc.SMALL_RUNG_MACS // 64**2  # rows x layers that make the budget
+    assert lc.rung_layers(layers, per_row // 4) == layers[:4]  # 4 make it exactly
+    assert lc.rung_layers(layers, per_row // 4 - 1) == layers[:5]
+    assert lc.rung_layers(layers, per_row * 1000) == layers[:1]
+    assert lc.rung_layers(layers, whole + 1) == layers  # all of them fall short: all
 
 
 def test_engine_greedy_equals_the_stock_linears(tiny: tuple[Any, Any]) -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from framework.executors import kernel_choice as kc
+from framework.executors import linear_choice as lc
 from framework.executors.model_loader import TinySpec, load_model
 from framework.executors.packed_linear import PACKED
 from framework.run.observers import run_with_observers
@@ -50,9 +51,9 @@ def test_setting_values() -> None:
 def test_linears_follow_the_measurement(
     fresh: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, times: dict[str, float], use: bool
 ) -> None:
-    monkeypatch.setattr(kc, "_linear_times", lambda model: times)
-    monkeypatch.setattr(kc, "_LINEARS", {})
-    choice = kc.choose_linears(fresh, "auto")
+    monkeypatch.setattr(lc, "_linear_times", lambda model: times)
+    monkeypatch.setattr(lc, "_LINEARS", {})
+    choice = lc.choose_linears(fresh, "auto")
     assert (choice.use, choice.how) == (use, "measured")
     assert packed(fresh) is use  # the model is left as chosen
     assert choice.why.startswith(f"packed {1e3 * times['packed']:.3g} ms, stock ")
@@ -61,23 +62,23 @@ def test_linears_follow_the_measurement(
 def test_linears_set_and_kept_per_shape(
     fresh: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kc, "_LINEARS", {})
-    auto = kc.choose_linears(fresh, "auto")
+    monkeypatch.setattr(lc, "_LINEARS", {})
+    auto = lc.choose_linears(fresh, "auto")
     assert auto.how == "measured" and "stock" in auto.why and packed(fresh) is auto.use
-    assert kc.choose_linears(fresh, False) == kc.Choice(False, "set", "") and not packed(fresh)
-    assert kc.choose_linears(fresh, "true").use and packed(fresh)
-    kc.choose_linears(fresh, False)
-    again = kc.choose_linears(fresh, "auto")  # the kept measurement, applied to the model again
+    assert lc.choose_linears(fresh, False) == kc.Choice(False, "set", "") and not packed(fresh)
+    assert lc.choose_linears(fresh, "true").use and packed(fresh)
+    lc.choose_linears(fresh, False)
+    again = lc.choose_linears(fresh, "auto")  # the kept measurement, applied to the model again
     assert again == auto and packed(fresh) is auto.use
     # Another model object of the same shape gets the same answer without a new measurement.
-    monkeypatch.setattr(kc, "_linear_times", lambda model: pytest.fail("measured again"))
+    monkeypatch.setattr(lc, "_linear_times", lambda model: pytest.fail("measured again"))
     other, _ = load_model("tiny", None, None, torch.float32, CPU, TinySpec())
-    assert kc.choose_linears(other, "auto") == auto and packed(other) is auto.use
+    assert lc.choose_linears(other, "auto") == auto and packed(other) is auto.use
 
 
 def test_linears_unavailable_off_cpu_dtypes() -> None:
     model, _ = load_model("tiny", None, None, torch.float16, CPU, TinySpec())
-    choice = kc.choose_linears(model, "auto")
+    choice = lc.choose_linears(model, "auto")
     assert (choice.use, choice.how) == (False, "unavailable") and "float16" in choice.why
 
 
@@ -91,7 +92,7 @@ def test_bf16_linears_stay_stock_where_onednn_has_no_bf16_path(
     monkeypatch.setattr(pl, "bf16_packable", lambda: False)
     model, _ = load_model("tiny", None, None, torch.bfloat16, CPU, TinySpec())
     for value in ("auto", True):
-        choice = kc.choose_linears(model, value)
+        choice = lc.choose_linears(model, value)
         assert (choice.use, choice.how) == (False, "unavailable") and "AVX512-BW" in choice.why
         assert not packed(model)
     ids = torch.tensor([[1, 2, 3]])

@@ -28,10 +28,9 @@ from framework.executors.kernel_choice import (
     choose_decode_kernel,
     choose_flex,
     choose_glue,
-    choose_linears,
-    choose_small_linears,
 )
 from framework.executors.kernels.argmax import kernel_argmax
+from framework.executors.linear_choice import choose_linears, choose_small_linears
 from framework.executors.logprobs import keep_scored, score
 from framework.executors.paged_attention import ATTN_NAME, PagedBatch, PrefillRow
 from framework.executors.penalties import TokenCounts

@@ -10,7 +10,7 @@ The packed copy is made once per layer (so the weights are held twice); the laye
 `weight` stays, for tied embeddings and for anything else that reads it. `unpack_linears`
 puts the stock forward back, e.g. to time plain Hugging Face on the same model object.
 Results differ from MKL's by fp32 rounding only (a different summation order). Whether the
-packing pays on the CPU at hand is measured, not assumed (`kernel_choice.choose_linears`): on
+packing pays on the CPU at hand is measured, not assumed (`linear_choice.choose_linears`): on
 an Intel Xeon with AMX it made no difference.
 
 Up to some row count the same forward can hand the layer to nanoserve's Linear kernel
@@ -18,7 +18,7 @@ instead (`kernels/gemv.cpp`), on the layer's own weight: at a few rows (decode a
 oneDNN's small-M path read the weights at a fraction of the memory's speed, and in bf16 on a
 CPU without a bf16 matrix unit PyTorch's bf16 Linear ran at a quarter of the kernel's speed at
 every row count. Up to how many rows is a layer attribute (`set_small_rows`; `EVERY_ROW` for
-all), chosen by measurement too (`kernel_choice.choose_small_linears`).
+all), chosen by measurement too (`linear_choice.choose_small_linears`).
 """
 
 from __future__ import annotations
