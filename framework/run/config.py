@@ -34,9 +34,10 @@ class EngineConfig:
     # CPU fp32 / bf16: the Linear layers on weights prepacked for oneDNN
     # (framework/executors/packed_linear.py), or PyTorch's stock linear.
     packed_linears: Any = "auto"
-    # CPU fp32 / bf16: the Linear layers at 1 to a few rows (decode at batch 1-2) through
-    # nanoserve's matrix-vector kernel (framework/executors/kernels/gemv.cpp); auto measures up
-    # to how many rows it pays. Off where packed_linears=false, unless set true.
+    # CPU fp32 / bf16: the Linear layers up to some row count through nanoserve's Linear
+    # kernel (framework/executors/kernels/gemv.cpp); auto measures up to how many rows it pays
+    # (a climb over row counts), true runs it at every count. Off where packed_linears=false,
+    # unless set true.
     small_linear: Any = "auto"
     # CPU fp32 / bf16: decode attention reads each row's KV blocks in place with nanoserve's
     # C++ kernel (framework/executors/kernels/, compiled on first use), or gathers the blocks

@@ -12,7 +12,7 @@
 // of two weight rows by two input rows keeps eight FMA chains whose loads are shared, and the
 // input goes in blocks small enough for L2, each block one pass over the weights. In bf16 on a
 // CPU without bf16 instructions (AVX2 only) this was 3-4x PyTorch's bf16 Linear at every row
-// count; where oneDNN is faster (fp32 above ~10 rows), `kernel_choice` leaves it those counts.
+// count; where oneDNN is faster (fp32 above ~10 rows), `linear_choice` leaves it those counts.
 //
 // Numerics: each output is one fp32 sum, 16 lanes wide along in_features, the lanes added in a
 // fixed order, then the tail, then the bias; the same order on either path and whatever the row
@@ -77,7 +77,10 @@ inline void one_row(const W* w, const float* x, int64_t k_len, float bias, O* ou
 }
 
 // The many-rows path's tile: NW weight rows (at `w + j * k_len`) by R input rows,
-// out[r * ldo + j] = x[r] . w[j] + bias[j], each output summed as `one_row` sums it.
+// out[r * ldo + j] = x[r] . w[j] + bias[j], each output summed as `one_row` sums it. It is
+// not used at 1 to 4 rows: there the read bounds the time, and one weight row streamed at a
+// time (`one_row`) was faster; tiles of two or four weight rows measured 1.05-1.5x slower at
+// 1 to 3 rows on the Zen 3 VM.
 template <int NW, int R, typename W, typename O>
 inline void tile(const W* w, const float* x, int64_t k_len, const float* bias, O* out,
                  int64_t ldo) {
@@ -130,6 +133,8 @@ void many_rows(const W* w, const float* x, int64_t rows, const W* bias, O* out, 
   if (bias) {
     for (int64_t n = 0; n < n_out; ++n) b[n] = widen(bias[n]);
   }
+  // Input blocks of 128 KB (a quarter to half of L2 on the EPYC VMs), so the block stays in L2
+  // while every weight pair passes it; at least 64 KB of weight (and 8 pairs) a thread's chunk.
   const int64_t block = std::max<int64_t>(2, (int64_t{1} << 17) / (k_len * int64_t{sizeof(float)}));
   const int64_t pairs = (n_out + 1) / 2;
   const int64_t grain = std::max<int64_t>(8, (int64_t{1} << 15) / (k_len * sizeof(W)));
