@@ -186,11 +186,10 @@ def rung_layers(linears: list[nn.Linear], rows: int) -> list[nn.Linear]:
     `SMALL_RUNG_MACS` (at least one, at most all)."""
     if rows <= SMALL_WHOLE_ROWS:
         return linears
-    budget = SMALL_RUNG_MACS
     layers: list[nn.Linear] = []
     size = 0
     for m in linears:
-        if layers and size * rows >= budget:
+        if layers and size * rows >= SMALL_RUNG_MACS:
             break
         layers.append(m)
         size += m.weight.numel()
