@@ -24,6 +24,7 @@ from framework.executors.packed_linear import (
     small_rows,
     stock_linears,
 )
+from framework.run.config_checks import check_engine
 from tests.helpers import make_cfg, random_specs, run_engine, tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -142,6 +143,30 @@ def test_choice_rule_and_settings(tiny: tuple[Any, Any], monkeypatch: pytest.Mon
     assert auto.how == "measured" and small_rows(model) == 1
     assert lc.choose_small_linears(model, False, "auto") == kc.Choice(False, "set", "")
     assert small_rows(model) == 0
+
+
+def test_a_row_count_pins_the_choice(tiny: tuple[Any, Any]) -> None:
+    """`engine.small_linear=N` runs the kernel up to N rows without a climb, and a run's
+    reported choice turns back into the setting that reproduces it (an A/B's pinned kernels)."""
+    model, _ = tiny
+    assert [lc.small_setting(v) for v in ("auto", True, "false", 8, "12")] == [
+        None, EVERY_ROW, 0, 8, 12,
+    ]  # fmt: skip
+    for bad in (0, -3, "eight", 2.5):
+        with pytest.raises(ValueError, match=r"engine\.small_linear must be auto .* a row count"):
+            lc.small_setting(bad)
+    pinned = lc.choose_small_linears(model, 8, "false")  # set wins over packed_linears=false
+    assert pinned == kc.Choice(True, "set", "up to 8 rows") and small_rows(model) == 8
+    assert lc.small_pin(pinned.said("kernel", "off")) == "8"
+    every = lc.choose_small_linears(model, "true", "auto").said("kernel", "off")
+    assert lc.small_pin(every) == "true"
+    off = lc.choose_small_linears(model, "false", "auto").said("kernel", "off")
+    assert lc.small_pin(off) == "false" and small_rows(model) == 0
+    measured = "kernel (measured: up to 16 rows; kernel/current ms a pass: 1 rows 2/3)"
+    assert lc.small_pin(measured) == "16"
+    check_engine(make_cfg("model=tiny", "engine.small_linear=8").engine)  # before any model
+    with pytest.raises(ValueError, match=r"engine\.small_linear must be auto"):
+        check_engine(make_cfg("model=tiny", "engine.small_linear=maybe").engine)
 
 
 def test_large_rungs_are_timed_on_the_leading_layers() -> None:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.toolkit.report import num, write_rounded_csv
+from framework.executors.linear_choice import small_pin
 from framework.run.compose import compose_cfg
 from framework.run.paths import ROOT
 from framework.tracking.machine import cpu_model, isa_summary
@@ -108,11 +109,14 @@ def serve_once(out: Path, tag: str, overrides: list[str]) -> dict[str, Any]:
 def pinned_choices(metrics: dict[str, Any]) -> list[str]:
     """The kernels a run ran (`linears: packed (measured: ...)`, ...) as the settings that
     fix them, so that other runs need not measure them again."""
-    return [
+    pins = [
         f"{key}={str(metrics[field]).startswith(on + ' ')}".lower()
         for field, key, on in CHOICES
         if field in metrics
     ]
+    if "small_linear" in metrics:  # a row count, not on / off
+        pins.append(f"engine.small_linear={small_pin(str(metrics['small_linear']))}")
+    return pins
 
 
 def compare(

@@ -59,7 +59,8 @@ CASES: dict[str, tuple[list[str], str, int]] = {
     ),
     "model_chat": (
         ["workload=chat", "engine.check_invariants=false", "engine.packed_linears=true",
-         "engine.paged_kernel=true", "engine.argmax_kernel=true"],
+         "engine.paged_kernel=true", "engine.argmax_kernel=true", "engine.small_linear=true",
+         "engine.layer_glue=true"],
         "tokens_per_s", 4,
     ),
 }  # fmt: skip

@@ -11,13 +11,14 @@ its choice is a row count, found by a climb.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.executors.kernel_choice import Choice, best_of, setting
+from framework.executors.kernel_choice import AUTO, Choice, best_of, setting
 from framework.executors.kernels.build import unavailable
 from framework.executors.packed_linear import (
     EVERY_ROW,
@@ -117,11 +118,11 @@ def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Cho
     nanoserve's Linear kernel (`kernels/gemv.cpp`) in place of the path `choose_linears` left
     them on; and do it. Call it after `choose_linears`. `engine.packed_linears=false` keeps
     the stock `nn.Linear` everywhere unless this is set true."""
-    want = setting(value, "small_linear")
+    want = small_setting(value)
     if want is None and setting(packed_value, "packed_linears") is False:
         set_small_rows(model, 0)
         return Choice(False, "set", "stock Linear: engine.packed_linears=false")
-    if want is False:
+    if want == 0:
         set_small_rows(model, 0)
         return Choice(False, "set", "")
     param = next(model.parameters())
@@ -132,9 +133,9 @@ def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Cho
     if reason is not None:
         set_small_rows(model, 0)
         return Choice(False, "unavailable", reason)
-    if want:
-        set_small_rows(model, EVERY_ROW)
-        return Choice(True, "set", rows_said(EVERY_ROW))
+    if want is not None:
+        set_small_rows(model, want)
+        return Choice(True, "set", rows_said(want))
     packed = any(hasattr(m, PACKED) for m in model.modules())
     key = (_shape(model), param.dtype, torch.get_num_threads(), packed)
     if key not in _SMALL:
@@ -143,6 +144,38 @@ def choose_small_linears(model: nn.Module, value: Any, packed_value: Any) -> Cho
     rows, choice = _SMALL[key]
     set_small_rows(model, rows)
     return choice
+
+
+def small_setting(value: Any) -> int | None:
+    """`engine.small_linear` as a row count (0: off; `EVERY_ROW`: `true`), or None for
+    `auto`. A count pins what a climb would choose, so that runs compared with each other
+    (an A/B, the same-speed check) run the same kernels without measuring them again."""
+    if isinstance(value, bool):
+        return EVERY_ROW if value else 0
+    if isinstance(value, int) and value >= 1:
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return None
+    if text in ("true", "false"):
+        return EVERY_ROW if text == "true" else 0
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(
+        "engine.small_linear must be auto (chosen by a measurement on this machine), true (every"
+        f" row count), false, or a row count >= 1 (the kernel up to that many rows); got {value!r}"
+    )
+
+
+def small_pin(said: str) -> str:
+    """The `engine.small_linear` value that reproduces a run's reported choice
+    (`metrics.json`'s `small_linear`: "kernel (measured: up to 8 rows; ...)", "off (...)")."""
+    if not said.startswith("kernel "):
+        return "false"
+    if "every row count" in said:
+        return "true"
+    rows = re.search(r"up to (\d+) rows", said)
+    return rows.group(1) if rows else "true"
 
 
 # As `_LINEARS`, with whether the layers are packed: up to how many rows, and the choice.

@@ -36,8 +36,8 @@ class EngineConfig:
     packed_linears: Any = "auto"
     # CPU fp32 / bf16: the Linear layers up to some row count through nanoserve's Linear
     # kernel (framework/executors/kernels/gemv.cpp); auto measures up to how many rows it pays
-    # (a climb over row counts), true runs it at every count. Off where packed_linears=false,
-    # unless set true.
+    # (a climb over row counts), true runs it at every count, a number N up to N rows. Off
+    # where packed_linears=false, unless set true or to a number.
     small_linear: Any = "auto"
     # CPU fp32 / bf16: decode attention reads each row's KV blocks in place with nanoserve's
     # C++ kernel (framework/executors/kernels/, compiled on first use), or gathers the blocks

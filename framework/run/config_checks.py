@@ -17,6 +17,7 @@ from framework.cluster.outages import parse_outages
 from framework.core.request import NEUTRAL_PENALTIES
 from framework.executors.decode_graphs import graphs_setting
 from framework.executors.kernel_choice import FLEX_KEYS, setting
+from framework.executors.linear_choice import small_setting
 from framework.executors.model_loader import TinySpec
 from framework.run.config import (
     ClusterConfig,
@@ -46,7 +47,6 @@ def check_engine(e: Any) -> None:
         raise ValueError(f"engine.kv_memory_mb must be > 0, got {e.kv_memory_mb}")
     kernels = (
         "packed_linears",
-        "small_linear",
         "paged_kernel",
         "argmax_kernel",
         "layer_glue",
@@ -54,6 +54,7 @@ def check_engine(e: Any) -> None:
     )
     for name in kernels:
         setting(e[name], name)  # auto, true or false
+    small_setting(e.small_linear)  # auto, true, false or a row count
     graphs_setting(e.cuda_graphs)
     if e.host_kv_memory_mb < 0:
         raise ValueError(
