@@ -76,6 +76,16 @@ def test_the_masks_keep_what_a_row_by_row_filter_keeps(rows: list[tuple[int, flo
         assert torch.equal(torch.isinf(got[i]), torch.isinf(filter_one(logits[i], k, p))), (k, p)
 
 
+def test_a_filter_that_cuts_nothing_keeps_every_logit() -> None:
+    """`sample` skips the filter when no row cuts (top_k 0, top_p 1, no min_p): exact only
+    because the filter then returns the logits bit for bit, ties and -inf included."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    logits[:, 5] = logits[:, 6]
+    logits[1, 9] = float("-inf")
+    got = filter_logits(logits, torch.zeros(3, dtype=torch.long), torch.ones(3))
+    assert torch.equal(got, logits)
+
+
 def rows_of(params: list[SamplingParams], index: list[int]) -> list[Row]:
     return [
         Row(f"r{i}", [1], 4, [4], [0], n, sp, 0)

@@ -110,14 +110,17 @@ def sample(logits: torch.Tensor, rows: list[Row], argmax: Argmax | None = None) 
     params = [rows[i].sampling for i in drawn]
     at = to_device(dev, drawn, torch.long)
     temperature = to_device(dev, [sp.temperature for sp in params], torch.float32)
-    top_k = to_device(dev, [sp.top_k for sp in params], torch.long)
-    top_p = to_device(dev, [sp.top_p for sp in params], torch.float32)
     seeds = to_device(dev, [draw_seed(rows[i].sampling.seed, rows[i].token_index) for i in drawn],
                 torch.long)  # fmt: skip
-    min_p = None
-    if any(sp.min_p for sp in params):
-        min_p = to_device(dev, [sp.min_p for sp in params], torch.float32)
     scaled = logits.index_select(0, at).float() / temperature[:, None]
-    filtered = filter_logits(scaled, top_k, top_p, min_p)
-    choice = torch.argmax(filtered.double() + gumbel(seeds, logits.shape[-1]), dim=-1)
+    # The filter sorts the whole vocabulary; where no row cuts it (top_k 0, top_p 1, no
+    # min_p: known on the host from the requests) it would keep every logit as it is.
+    if any(sp.top_k > 0 or sp.top_p < 1.0 or sp.min_p for sp in params):
+        top_k = to_device(dev, [sp.top_k for sp in params], torch.long)
+        top_p = to_device(dev, [sp.top_p for sp in params], torch.float32)
+        min_p = None
+        if any(sp.min_p for sp in params):
+            min_p = to_device(dev, [sp.min_p for sp in params], torch.float32)
+        scaled = filter_logits(scaled, top_k, top_p, min_p)
+    choice = torch.argmax(scaled.double() + gumbel(seeds, logits.shape[-1]), dim=-1)
     return tokens.index_copy(0, at, choice.to(tokens.dtype))
