@@ -74,6 +74,14 @@ def test_buddy_extents_are_exact_and_holes_are_external() -> None:
     assert b.num_free == 8 and not b.fits(8) and b.largest_free() == 4
     with pytest.raises(BuddyError, match="starts no extent"):
         b.free(3)
+    # a copy (a trial placement's scratch) changes apart from the original
+    twin = b.copy()
+    twin.allocate(4)
+    twin.free(quarters[1])
+    assert b.num_free == 8 and b.extents() == {4: 4, 12: 4}
+    assert twin.num_free == 8 and twin.extents() == {0: 4, 12: 4}
+    b.check()
+    twin.check()
 
 
 def test_contiguous_pool_owns_extents_and_refuses_growth() -> None:

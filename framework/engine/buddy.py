@@ -89,6 +89,16 @@ class BuddyExtents:
             self._release(piece, order)
         return size
 
+    def copy(self) -> BuddyExtents:
+        """An independent copy, for trial placements: the free sets and the extents copied
+        one level down, which is all that changes (`copy.deepcopy` walked every int through
+        its memo, and took a quarter of a quick Orca reproduction's time)."""
+        twin = BuddyExtents.__new__(BuddyExtents)
+        twin.units, twin.max_order, twin.num_free = self.units, self.max_order, self.num_free
+        twin._free = [set(starts) for starts in self._free]
+        twin._extents = dict(self._extents)
+        return twin
+
     # ---- inspection ----------------------------------------------------------------------
     def extents(self) -> dict[int, int]:
         """The extents held: start -> size."""

@@ -15,7 +15,6 @@ blocks shows were not admitted after all.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence as Seq
 
 from framework.engine.block_pool import BlockPool, BlockPoolError
@@ -97,7 +96,7 @@ class ContiguousPool(BlockPool):
         if n <= 0:
             return True
         if self._trial is None:
-            self._trial = copy.deepcopy(self.extents)
+            self._trial = self.extents.copy()
         trial = self._trial
         taken = self.num_free - free_blocks
         while self._placed and self._trial_taken > taken:
@@ -110,7 +109,7 @@ class ContiguousPool(BlockPool):
 
     def can_place(self, sizes: Seq[int]) -> bool:
         """Whether extents of these sizes, placed in order, all fit now."""
-        trial = copy.deepcopy(self.extents)
+        trial = self.extents.copy()
         for n in sizes:
             if n > 0 and not trial.fits(n):
                 return False
