@@ -4,35 +4,54 @@ for its goodput under its workload's SLO, and the table's columns read from the 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from framework.run.errors import UserError
 from framework.studies.goodput_study import gives_way, pool_utilisation, settings
+from tests.helpers import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+
+class Done(NamedTuple):
+    """What `python run.py` left: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def study(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def study(tmp_path: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> tuple[Done, Path]:
     """`python run.py -m +experiment=disaggregation OVERRIDES` into a sweep folder of its own
-    (no observers, MLflow in the test's folder); the finished process and the folder."""
+    (no observers, MLflow in the test's folder); how it ended and the folder. The command
+    line runs in this process (`cli`), as `run.py` would run it: a subprocess would import
+    torch again, most of the refusal test's cost. The searches run one at a time here
+    (`workers=1`) so that nothing is forked from a test worker; which process runs a search
+    changes none of its numbers."""
     sweep = tmp_path / "sweep"
-    args = [
-        sys.executable, "run.py", "-m", "+experiment=disaggregation", *overrides,
+    args = (
+        "-m", "+experiment=disaggregation", *overrides, "hydra.callbacks.study.workers=1",
         "observers=[]", f"hydra.sweep.dir={sweep}", f"mlflow.tracking_uri={tmp_path / 'ml'}",
-    ]  # fmt: skip
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    return done, sweep
+    )  # fmt: skip
+    try:
+        return Done(*cli(capsys, *args)), sweep
+    except SystemExit as exc:
+        # A study's refusal leaves Hydra as SystemExit(reason); the interpreter running
+        # `python run.py` prints the reason to stderr and exits with status 1.
+        seen = capsys.readouterr()
+        if exc.code is None or isinstance(exc.code, int):
+            return Done(exc.code or 0, seen.out, seen.err), sweep
+        return Done(1, seen.out, f"{seen.err}{exc.code}\n"), sweep
 
 
-def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
+def test_the_study_searches_each_layout_for_its_goodput(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two layouts of the 4 GPUs on 200 chat-like requests: a table row each, with its
     goodput, the pools it has and, disaggregated, its transfers."""
     done, sweep = study(
-        tmp_path, "workload=azure_conv_poisson", "workload.limit=200",
+        tmp_path, capsys, "workload=azure_conv_poisson", "workload.limit=200",
         "layout=colocated,p1d3_ethernet", "hydra.callbacks.study.max_probes=5", "workload.rate=32",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -70,9 +89,11 @@ def test_the_study_searches_each_layout_for_its_goodput(tmp_path: Path) -> None:
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and size == (4 * 320, 360)  # 4 panels, 3.2 x 3.6 in
 
 
-def test_a_workload_without_an_slo_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_workload_without_an_slo_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     done, sweep = study(
-        tmp_path, "workload=arxiv_poisson", "workload.limit=20", "layout=colocated",
+        tmp_path, capsys, "workload=arxiv_poisson", "workload.limit=20", "layout=colocated",
         "~hydra.callbacks.study.slo.arxiv_poisson",
     )  # fmt: skip
     assert done.returncode != 0

@@ -11,6 +11,7 @@ and asking for them changes no token.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,12 +43,38 @@ def specs(top: int | None = 5, prompt: int | None = None, **kw: Any) -> list[Req
     ]
 
 
+# The references are pure functions of the (session-wide, never modified) tiny model and the
+# token ids, and the greedy tests ask for the same ones under every policy: each is computed
+# once per process and shared.
+_REFERENCES: dict[tuple[int, ...], torch.Tensor] = {}
+_GREEDY: dict[tuple[int, ...], list[int]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_references() -> Iterator[None]:
+    """The references (a vocabulary-wide row per token) are freed with the module."""
+    yield
+    _REFERENCES.clear()
+    _GREEDY.clear()
+
+
 def reference(model: Any, ids: list[int]) -> torch.Tensor:
     """[len(ids), vocab] log-softmax of Hugging Face's own forward over `ids` (sdpa, its
     eager modules): row p scores the token at p + 1."""
-    with as_hugging_face(model):
-        logits = model(torch.tensor([ids])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)
+    key = tuple(ids)
+    if key not in _REFERENCES:
+        with as_hugging_face(model):
+            logits = model(torch.tensor([ids])).logits[0].float()
+        _REFERENCES[key] = torch.log_softmax(logits, dim=-1)
+    return _REFERENCES[key]
+
+
+def greedy(model: Any, prompt: list[int], max_new: int) -> list[int]:
+    """`hf_greedy` (EOS ignored), once per prompt and length."""
+    key = (max_new, *prompt)
+    if key not in _GREEDY:
+        _GREEDY[key] = hf_greedy(model, prompt, max_new, None)
+    return list(_GREEDY[key])
 
 
 def check_entry(entry: TokenLogprob | None, ref: torch.Tensor, token: int, k: int) -> None:
@@ -85,7 +112,7 @@ def test_logprobs_equal_hugging_faces_under_every_policy(tiny: Any, policy: str)
     model, tok = tiny
     res = run_engine(make_cfg(*BASE, *POLICIES[policy]), model, tok, specs(5, 3))
     for seq in res.seqs:
-        assert seq.output_token_ids == hf_greedy(model, seq.spec.prompt_token_ids, 10, None)
+        assert seq.output_token_ids == greedy(model, seq.spec.prompt_token_ids, 10)
         check_seq(model, seq, 5, 3)
     if policy in ("preempted", "swapped"):
         assert sum(s.preemptions for s in res.seqs) > 0
@@ -110,7 +137,7 @@ def test_a_stop_token_seen_late_leaves_no_entry_past_it(tiny: Any) -> None:
     """Deferred output computes past a stop it has not seen yet: those tokens are thrown
     away, and so are their entries."""
     model, tok = tiny
-    ref = hf_greedy(model, PROMPTS[0], 10, None)
+    ref = greedy(model, PROMPTS[0], 10)
     stop = ref[3]
     spec = RequestSpec(
         "r0", PROMPTS[0], SamplingParams(max_tokens=10, stop_token_ids=(stop,), logprobs=0)

@@ -29,6 +29,9 @@ pytest.importorskip("hydra_plugins.hydra_ray_launcher")
 
 from mlflow import MlflowClient
 
+from framework.run.in_process import threads_kept
+from tests.helpers import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120
 SWEEP_TIMEOUT_S = 420
@@ -50,9 +53,10 @@ def free_ports(n: int) -> list[int]:
 
 
 def stop_group(pgid: int) -> None:
-    """SIGTERM to every process of the cluster, SIGKILL to those left after 5 s (some of
-    Ray's daemons take longer over SIGTERM; nothing of this throwaway cluster needs saving)."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    """SIGTERM to every process of the cluster, SIGKILL to those left after 1 s: Ray's GCS
+    server, raylet and autoscaler monitor outlive a SIGTERM by more than 10 s on a 2-core
+    VM, so a longer wait only idles, and nothing of this throwaway cluster needs saving."""
+    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -147,14 +151,22 @@ def test_a_sweep_on_a_ray_cluster_is_one_parent_with_a_child_per_job(
     assert set(os.listdir(ROOT)) - before == set()  # no mlflow.db or mlruns/ in the repo
 
 
-def run_all(runs: list[list[str]], env: dict[str, str]) -> None:
-    """`python run.py ARGS` for each, in turn; each must finish."""
-    for args in runs:
-        proc = subprocess.run(
-            [sys.executable, "run.py", *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def run_py(args: list[str], env: dict[str, str]) -> None:
+    """`python run.py ARGS` in a process of its own, as a user runs it; it must finish."""
+    proc = subprocess.run(
+        [sys.executable, "run.py", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def run_alone(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    """The one-engine reference run, `run.py ARGS` in this process (`cli`): the same code a
+    subprocess would run, without a second Python importing torch; this process's thread
+    count given back after (`threads=1` sets it)."""
+    with threads_kept():
+        status, out, err = cli(capsys, *args)
+    assert status == 0, out[-3000:] + err[-3000:]
 
 
 def outputs(folder: Path) -> dict[str, list[int]]:
@@ -164,7 +176,7 @@ def outputs(folder: Path) -> dict[str, list[int]]:
 
 
 def test_real_replicas_on_ray_serve_what_one_engine_serves(
-    ray_cluster: str, tmp_path: Path
+    ray_cluster: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`cluster.backend=ray`: two tiny-model replicas as Ray actors on the local cluster, the
     router in the driver. The same greedy tokens as one engine, every request served once,
@@ -176,13 +188,13 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
         env.pop(key, None)
     common = ["model=tiny", "workload=straggler", "threads=1", "print_outputs=false"]
     cluster, alone = tmp_path / "cluster", tmp_path / "alone"
-    runs = [
+    run_py(
         [*common, "cluster.replicas=2", "cluster.backend=ray", f"cluster.ray_address={ray_cluster}",
          "router=least_tokens", "observers=[console,mlflow]", "mlflow.experiment=ray_replicas",
          "mlflow.background=false", f"hydra.run.dir={cluster}"],
-        [*common, "observers=[]", f"hydra.run.dir={alone}"],
-    ]  # fmt: skip
-    run_all(runs, env)
+        env,
+    )  # fmt: skip
+    run_alone(capsys, [*common, "observers=[]", f"hydra.run.dir={alone}"])
 
     assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 8
     metrics = json.loads((cluster / "metrics.json").read_text())
@@ -203,7 +215,7 @@ def test_real_replicas_on_ray_serve_what_one_engine_serves(
 
 
 def test_killing_one_of_two_ray_replicas_mid_run_loses_no_request(
-    ray_cluster: str, tmp_path: Path
+    ray_cluster: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Replica 1's actor is killed half a second into the replay (`cluster.faults`: a real
     `ray.kill`, found by the driver as any death is): every request is served once, with
@@ -217,13 +229,13 @@ def test_killing_one_of_two_ray_replicas_mid_run_loses_no_request(
         "print_outputs=false", "observers=[]",
     ]  # fmt: skip
     cluster, alone = tmp_path / "cluster", tmp_path / "alone"
-    runs = [
+    run_py(
         [*common, "cluster.replicas=2", "cluster.backend=ray", f"cluster.ray_address={ray_cluster}",
          "router=round_robin", "cluster.faults=[{replica: 1, down_at_s: 0.5}]",
          f"hydra.run.dir={cluster}"],
-        [*common, f"hydra.run.dir={alone}"],
-    ]  # fmt: skip
-    run_all(runs, env)
+        env,
+    )  # fmt: skip
+    run_alone(capsys, [*common, f"hydra.run.dir={alone}"])
 
     assert outputs(cluster) == outputs(alone) and len(outputs(alone)) == 40
     metrics = json.loads((cluster / "metrics.json").read_text())

@@ -23,12 +23,19 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One MLflow store for the module's reproductions: a new SQLite store runs MLflow's
+    schema migrations, seconds of CPU, as much as a quick reproduction's own runs. Each
+    reproduction logs a run of its own, found by its name."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory, store: str) -> tuple[Path, dict[str, Any], str]:
     """The quick form run once: its folder, its reproduction.json, its MLflow store."""
     if not all(p.is_file() for p in TRACES.values()):
         pytest.skip("the Mooncake traces are not beside the repository (../shared)")
     out = tmp_path_factory.mktemp("mooncake")
-    store = f"sqlite:///{out / 'mlflow.db'}"
     argv = ["mooncake_cache", "--quick", "--workers", "1", "--out", str(out)]
     assert command.reproduce([*argv, f"mlflow.tracking_uri={store}"]) == out
     return out, json.loads((out / "reproduction.json").read_text()), store
@@ -130,14 +137,13 @@ def test_deviation_rules() -> None:
 
 
 def test_quick_sglang_offline_sets_both_engines_beside_their_published_runs(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     """The grid-and-compare reproduction on the contract: two set-ups by two engines, each run
     under its engine's profile and the defaults its rules give, a ratio cell that is the two
     runs' ratio, and a figure drawn from the cells alone."""
     from framework.studies.reproductions import sglang_offline as sg
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     argv = ["sglang_offline", "--quick", "--workers", "1", "--out", str(tmp_path)]
     assert command.reproduce([*argv, f"mlflow.tracking_uri={store}"]) == tmp_path
     data = json.loads((tmp_path / "reproduction.json").read_text())
@@ -157,7 +163,7 @@ def test_quick_sglang_offline_sets_both_engines_beside_their_published_runs(
 
 
 def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     """Fig. 19: the microbenchmark's swap falls with the block size while the recompute stays
     flat, the crossover is where the curves cross, and end to end each block size runs once
@@ -165,7 +171,7 @@ def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
     from framework.studies.reproductions import vllm_preemption as vp
 
     argv = ["vllm_preemption", "--quick", "--workers", "1", "--out", str(tmp_path)]
-    assert command.reproduce([*argv, f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    assert command.reproduce([*argv, f"mlflow.tracking_uri={store}"])
     data = json.loads((tmp_path / "reproduction.json").read_text())
     micro = {int(k): v for k, v in data["data"]["microbenchmark_ms"].items()}
     swaps = [micro[bs]["swap in + out"] for bs in vp.SIZES]
@@ -187,14 +193,14 @@ def test_quick_vllm_preemption_prices_swaps_by_block_size_and_runs_both_modes(
     assert (tmp_path / "reproduction.png").read_bytes().startswith(PNG)
 
 
-def test_quick_vllm_sharing_forks_samples_and_searches_beams(tmp_path: Path) -> None:
+def test_quick_vllm_sharing_forks_samples_and_searches_beams(tmp_path: Path, store: str) -> None:
     """Figs. 14-15: every run forks its samples and saves memory, more with more samples;
     vLLM and Orca (Oracle) are searched at each n; beam search runs on the model, its beams
     sharing more than parallel samples do."""
     from framework.studies.reproductions import vllm_sharing as vs
 
     argv = ["vllm_sharing", "--quick", "--workers", "1", "--out", str(tmp_path)]
-    assert command.reproduce([*argv, f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    assert command.reproduce([*argv, f"mlflow.tracking_uri={store}"])
     data = json.loads((tmp_path / "reproduction.json").read_text())
     runs = {j["name"]: j["metrics"] for j in data["jobs"]}
     saving = [runs[f"alpaca n={n}"]["kv_sharing_saving"] for n in vs.SAMPLES]

@@ -13,11 +13,15 @@ import pytest
 from experiments.bench.loadgens import aiperf, executable, guidellm, inference_perf
 
 SAMPLES = Path(__file__).parent / "fixtures" / "loadgen_outputs"
-# The tiny model without the C++ kernels: nothing to build on a fresh checkout.
+# The tiny model without the C++ kernels: nothing to build on a fresh checkout. Its engine
+# in the server's own process: what is checked here is the tool's figures joined with the
+# server's, whichever process steps the engine (the engine's process is
+# tests/test_server_process.py's and tests/test_server_cli.py's), and a second process
+# would import torch once more.
 SMALL = [
     "--quick", "--requests", "4", "--seconds", "60", "--prompt-tokens", "24",
     "--output-tokens", "6", "engine.packed_linears=false", "engine.paged_kernel=false",
-    "engine.argmax_kernel=false", "engine.layer_glue=false",
+    "engine.argmax_kernel=false", "engine.layer_glue=false", "server.engine=thread",
 ]  # fmt: skip
 
 

@@ -198,77 +198,124 @@ def test_openai_client_streams_and_answers_whole(tiny, tmp_path) -> None:
         assert sample(7) != sample(8)
 
 
-@pytest.mark.parametrize("engine", ["thread", "process"])
-@pytest.mark.parametrize("output", [[], DEFERRED], ids=["immediate", "deferred"])
-def test_greedy_answers_are_those_of_a_batch_run(
-    tiny, tmp_path, output: list[str], engine: str
-) -> None:
-    """Whole and streamed, concurrently, with the engine in a thread of the server's process
-    or in a process of its own: the tokens of a batch run of the same prompts."""
+def batch_answers(tiny: Any, output: list[str]) -> tuple[list[list[int]], dict[str, list[int]]]:
+    """PROMPTS' token ids, and the tokens a batch run of them gives (10 each, greedy)."""
     model, tok = tiny
     ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     specs = [RequestSpec(f"r{i}", p, SamplingParams(max_tokens=10)) for i, p in enumerate(ids)]
     batch = run_engine(make_cfg(*FIXED, *output), model, tok, specs)
-    want = {s.id: s.output_token_ids for s in batch.seqs}
-    with served(tmp_path, *FIXED, *output, loaded=loaded(tiny), engine=engine) as s:
-        client = s.client()
+    return ids, {s.id: s.output_token_ids for s in batch.seqs}
 
-        def ask(i: int) -> Any:
-            return client.completions.create(
-                model="tiny", prompt=ids[i], max_tokens=10, temperature=0
-            )
 
-        def streamed(i: int) -> str:
-            parts = client.completions.create(
+def ask_greedy(
+    s: Served, tok: Any, ids: list[list[int]], want: dict[str, list[int]]
+) -> tuple[list[Any], list[str]]:
+    """Each prompt asked whole and streamed, all at once: each answer the batch run's
+    tokens, each stream the same text. The whole answers, in PROMPTS' order, and the
+    streams' request ids."""
+    client = s.client()
+    before = s.metrics().get("request_success_total", 0.0)  # what it answered earlier
+
+    def ask(i: int) -> Any:
+        return client.completions.create(model="tiny", prompt=ids[i], max_tokens=10, temperature=0)
+
+    def streamed(i: int) -> tuple[str, str]:
+        parts = list(
+            client.completions.create(
                 model="tiny", prompt=ids[i], max_tokens=10, temperature=0, stream=True
             )
-            return "".join(p.choices[0].text for p in parts if p.choices)
+        )
+        return parts[0].id, "".join(p.choices[0].text for p in parts if p.choices)
 
-        with ThreadPoolExecutor(2 * len(ids)) as pool:
-            answers = list(pool.map(ask, range(len(ids))))
-            texts = list(pool.map(streamed, range(len(ids))))
-        for i, a in enumerate(answers):
-            assert a.choices[0].text == tok.decode(want[f"r{i}"], skip_special_tokens=True)
-            assert texts[i] == a.choices[0].text
-        assert s.metric("request_success_total") == 2 * len(ids)
+    with ThreadPoolExecutor(2 * len(ids)) as pool:
+        answers = list(pool.map(ask, range(len(ids))))
+        streams = list(pool.map(streamed, range(len(ids))))
+    for i, a in enumerate(answers):
+        assert a.choices[0].text == tok.decode(want[f"r{i}"], skip_special_tokens=True)
+        assert streams[i][1] == a.choices[0].text
+    assert s.metric("request_success_total") == before + 2 * len(ids)
+    return answers, [rid for rid, _ in streams]
+
+
+def check_served_tokens(s: Served, answers: list[Any], want: dict[str, list[int]]) -> None:
+    """The run's own record, sent back by the engine at the end: the batch run's tokens."""
     served_tokens = {q.id: q.output_token_ids for q in s.info["run"].result.seqs}
-    for i, a in enumerate(answers):  # the run's own record, sent back by the engine at the end
+    for i, a in enumerate(answers):
         assert served_tokens[a.id] == want[f"r{i}"]
+
+
+# With the engine in a process of its own (each start imports torch anew), the same
+# comparison shares a server with other checks: deferred output
+# `test_an_engine_process_answers_as_a_batch_run_and_frees_a_gone_stream`'s, immediate
+# output tests/test_server_process.py's `test_samples_refusals_hooks_and_greedy_answers_...`.
+@pytest.mark.parametrize("output", [[], DEFERRED], ids=["immediate", "deferred"])
+def test_greedy_answers_are_those_of_a_batch_run(tiny, tmp_path, output: list[str]) -> None:
+    """Whole and streamed, concurrently, with the engine in a thread of the server's
+    process: the tokens of a batch run of the same prompts."""
+    ids, want = batch_answers(tiny, output)
+    with served(tmp_path, *FIXED, *output, loaded=loaded(tiny), engine="thread") as s:
+        answers, _ = ask_greedy(s, tiny[1], ids, want)
+    check_served_tokens(s, answers, want)
     assert json.loads((tmp_path / "metrics.json").read_text())["incomplete"] is False
 
 
-@pytest.mark.parametrize("engine", ["thread", "process"])
-def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path, engine: str) -> None:
-    """Whether the engine runs in a thread or a process of its own (the abort then crosses a
-    pipe), a client gone mid-stream frees its blocks, and the server goes on serving."""
-    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny), engine=engine) as s:
-        client = s.client()
-        stream = client.completions.create(
-            model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
-        )
-        for got, _ in enumerate(stream, start=1):
-            if got == 3:
-                break
-        assert s.metric("kv_cache_blocks_used") > 0
-        stream.close()  # the client goes away mid-stream
-        deadline = time.monotonic() + 20
-        while s.metric("request_aborted_total") < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert s.metric("request_aborted_total") == 1
-        assert s.metric("kv_cache_blocks_used") == 0
-        assert s.running.loop.in_flight() == 0
-        if engine == "thread":
-            assert s.running.loop.engine.pool.num_used == 0  # the pool, as the engine sees it
-        # ... and the server goes on serving
-        r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body=EOS)
-        assert r.usage.completion_tokens == 3
+def disconnect_mid_stream(s: Served, engine: str) -> None:
+    """A client gone mid-stream: its request aborted, its blocks freed (across the pipe
+    when the engine runs in a process of its own), and the server goes on serving."""
+    client = s.client()
+    stream = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=1500, extra_body=EOS, stream=True
+    )
+    for got, _ in enumerate(stream, start=1):
+        if got == 3:
+            break
+    assert s.metric("kv_cache_blocks_used") > 0
+    stream.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 20
+    while s.metric("request_aborted_total") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.metric("request_aborted_total") == 1
+    assert s.metric("kv_cache_blocks_used") == 0
+    assert s.running.loop.in_flight() == 0
+    if engine == "thread":
+        assert s.running.loop.engine.pool.num_used == 0  # the pool, as the engine sees it
+    # ... and the server goes on serving
+    r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body=EOS)
+    assert r.usage.completion_tokens == 3
+
+
+def check_one_abort(s: Served, tmp_path: Path, finished: int) -> None:
+    """The run's books after `disconnect_mid_stream`: the one abort counted where the engine
+    ran and in the run folder, beside `finished` requests run to their length."""
     assert s.info["run"].summary["aborted"] == 1  # the books, checked where the engine ran
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["aborted"] == 1 and metrics["incomplete"] is False
     rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
-    assert sorted(r["finish_reason"] for r in rows) == ["abort", "length"]
+    assert sorted(r["finish_reason"] for r in rows) == ["abort"] + ["length"] * finished
     aborted = next(r for r in rows if r["finish_reason"] == "abort")
     assert 3 <= int(aborted["output_tokens"]) < 1500
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(tiny, tmp_path) -> None:
+    """With the engine in a thread: a client gone mid-stream frees its blocks, and the
+    server goes on serving. (Across the pipe of an engine process:
+    `test_an_engine_process_answers_as_a_batch_run_and_frees_a_gone_stream`.)"""
+    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny), engine="thread") as s:
+        disconnect_mid_stream(s, "thread")
+    check_one_abort(s, tmp_path, finished=1)
+
+
+def test_an_engine_process_answers_as_a_batch_run_and_frees_a_gone_stream(tiny, tmp_path) -> None:
+    """The engine in a process of its own, with deferred output, on one server (its start
+    imports torch anew): the answers, whole and streamed, are a batch run's tokens; then a
+    client gone mid-stream is aborted across the pipe, its blocks freed, and the server goes
+    on serving."""
+    ids, want = batch_answers(tiny, DEFERRED)
+    with served(tmp_path, *FIXED, *DEFERRED, loaded=loaded(tiny), engine="process") as s:
+        answers, _ = ask_greedy(s, tiny[1], ids, want)
+        disconnect_mid_stream(s, "process")
+    check_served_tokens(s, answers, want)
+    check_one_abort(s, tmp_path, finished=2 * len(ids) + 1)
 
 
 def test_a_client_gone_before_its_whole_answer_is_aborted(tiny, tmp_path) -> None:

@@ -144,13 +144,23 @@ def wait_for_drain(http: Any) -> Any:
     return r
 
 
-def test_sigterm_drains_with_503s_while_a_stream_finishes(tmp_path: Path) -> None:
-    """SIGTERM with a stream in flight: the server still listens, answers new requests and
-    /health with 503 in OpenAI's schema (counted in /metrics, which still answers), lets the
-    stream send all its tokens, then exits 0 and writes its run folder."""
-    with serve(tmp_path, *PACED, "server.shutdown_timeout_s=20") as s:
-        # a stream of 120 tokens: about 4 s
-        with httpx.Client(base_url=s.url, timeout=30) as http, open_stream(http, 120) as lines:
+def test_sigterm_drains_with_503s_while_a_stream_finishes_and_a_second_one_stops(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM with two streams in flight: the server still listens, answers new requests
+    and /health with 503 in OpenAI's schema (counted in /metrics, which still answers), lets
+    the short stream send all its tokens; then a second SIGTERM aborts the long one at once
+    (finish reason `abort`, long before it would have ended, and before the 60 s drain
+    ends), the process exits 0 and its run folder is complete: one request finished, one
+    aborted. (The drain and the second signal share one serve.py: each start imports torch
+    twice, in the front end and in the engine's process.)"""
+    with serve(tmp_path, *PACED, "server.shutdown_timeout_s=60") as s:
+        # a stream of 120 tokens, about 4 s, beside one of 1000 tokens, about 35 s
+        with (
+            httpx.Client(base_url=s.url, timeout=30) as http,
+            open_stream(http, 120) as short,
+            open_stream(http, 1000) as long,
+        ):
             s.proc.send_signal(signal.SIGTERM)
             health = wait_for_drain(http)
             assert health.status_code == 503
@@ -164,40 +174,45 @@ def test_sigterm_drains_with_503s_while_a_stream_finishes(tmp_path: Path) -> Non
             scrape = http.get("/metrics")
             assert scrape.status_code == 200
             assert 'request_refused_total{model_name="tiny",status="503"} 2.0' in scrape.text
-            assert 'num_requests_running{model_name="tiny"} 1.0' in scrape.text
-            finishes, use = rest(lines)
-        assert finishes == ["length"] and use is not None
-        assert use["completion_tokens"] == 120
+            assert 'num_requests_running{model_name="tiny"} 2.0' in scrape.text
+            finishes, use = rest(short)
+            assert finishes == ["length"] and use is not None
+            assert use["completion_tokens"] == 120
+            s.proc.send_signal(signal.SIGTERM)  # the second: what is in flight stops now
+            t0 = time.monotonic()
+            finishes, cut = rest(long)
+            ended = time.monotonic() - t0
+        assert finishes == ["abort"] and cut is not None
+        assert 0 < cut["completion_tokens"] < 1000
+        assert ended < 15, ended  # not the stream's 35 s, nor the 60 s drain
         out, err = s.proc.communicate(timeout=60)
     assert s.proc.returncode == 0, err[-3000:]
-    assert "stopping: new requests are answered 503 while the 1 in flight finish" in out
+    assert "stopping: new requests are answered 503 while the 2 in flight finish" in out
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["requests"] == metrics["requests_finished"] == 1
-    assert metrics["aborted"] == 0 and metrics["incomplete"] is False
-    (row,) = csv.DictReader((tmp_path / "requests.csv").open())
-    assert row["finish_reason"] == "length" and int(row["output_tokens"]) == 120
+    assert metrics["requests"] == 2 and metrics["requests_finished"] == 1
+    assert metrics["aborted"] == 1 and metrics["incomplete"] is False
+    rows = {r["finish_reason"]: r for r in csv.DictReader((tmp_path / "requests.csv").open())}
+    assert sorted(rows) == ["abort", "length"]
+    assert int(rows["length"]["output_tokens"]) == 120
+    assert int(rows["abort"]["output_tokens"]) == cut["completion_tokens"]
 
 
-@pytest.mark.parametrize(
-    ("timeout_s", "signals"), [(1, 1), (60, 2)], ids=["past-the-timeout", "second-signal"]
-)
-def test_a_stream_past_the_drain_is_aborted(tmp_path: Path, timeout_s: int, signals: int):
-    """A stream that outlasts `server.shutdown_timeout_s`, or a second SIGTERM during the
-    drain: the stream ends with finish reason `abort`, the process exits 0 long before the
-    stream would have ended, and the run folder is complete, the request aborted."""
-    with serve(tmp_path, *PACED, f"server.shutdown_timeout_s={timeout_s}") as s:
+def test_a_stream_past_the_drain_is_aborted(tmp_path: Path) -> None:
+    """A stream that outlasts `server.shutdown_timeout_s`: the stream ends with finish
+    reason `abort`, the process exits 0 long before the stream would have ended, and the run
+    folder is complete, the request aborted. (A second signal during the drain is the test
+    above's.)"""
+    with serve(tmp_path, *PACED, "server.shutdown_timeout_s=1") as s:
         # a stream of 1000 tokens: about 35 s
         with httpx.Client(base_url=s.url, timeout=30) as http, open_stream(http, 1000) as lines:
             s.proc.send_signal(signal.SIGTERM)
             assert wait_for_drain(http).status_code == 503
-            if signals == 2:
-                s.proc.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
             finishes, use = rest(lines)
             ended = time.monotonic() - t0
         assert finishes == ["abort"] and use is not None
         assert 0 < use["completion_tokens"] < 1000
-        assert ended < 15, ended  # not the stream's 35 s, nor a 60 s drain
+        assert ended < 15, ended  # not the stream's 35 s
         _, err = s.proc.communicate(timeout=60)
     assert s.proc.returncode == 0, err[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -6,23 +6,26 @@ that produced different tokens is refused. Each table is checked for what its st
 seconds are measured by running the studies, never asserted here.
 
 Two studies are shrunk from the command line (fewer windows, a shorter trace slice), so the
-suite stays quick; the configs themselves run in full in `make run`-style use.
+suite stays quick; the configs themselves run in full in `make run`-style use. The command
+line runs in the test's process (`framework.run.cli.main`, what `run.py` calls): a
+subprocess would import torch and the rest again for every study, most of a small study's
+cost. The batching study runs once, in one test, for everything asked of it (its table, its
+MLflow runs, and the refusals made on copies of its folder): split over tests, xdist would
+run it once on each worker that takes one of them.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
+from framework.run.cli import main
 from framework.studies.classic import STUDIES
 from framework.studies.study_report import StudyReport, write_report
 from framework.studies.sweep_runs import DifferentWork, check_same_work, load_sweep
@@ -56,26 +59,19 @@ SHRINK = {
 
 
 def run_study(name: str, sweep_dir: Path, uri: str, *extra: str) -> None:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    proc = subprocess.run(
-        [sys.executable, "run.py", f"+experiment={name}", "model=tiny", *SHRINK[name],
-         *extra, f"hydra.sweep.dir={sweep_dir}", f"mlflow.experiment=study-{name}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """`python run.py +experiment=NAME model=tiny ...` with $MLFLOW_TRACKING_URI at `uri`,
+    run in this process; it must exit 0."""
+    args = [f"+experiment={name}", "model=tiny", *SHRINK[name], *extra,
+            f"hydra.sweep.dir={sweep_dir}", f"mlflow.experiment=study-{name}"]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.chdir(ROOT)  # where `python run.py` is run from: the configs' relative paths
+        assert main(args) == 0, f"python run.py {' '.join(args)} failed"
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-@pytest.fixture(scope="module")
-def batching(tmp_path_factory: pytest.TempPathFactory, uri: str) -> Path:
-    """The batching study, logged as it is by default (every observer, MLflow included)."""
-    sweep = tmp_path_factory.mktemp("batching")
-    run_study("batching", sweep, uri)
-    return sweep
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -104,7 +100,17 @@ def f(row: dict[str, str], col: str) -> float:
     return float(row[col])
 
 
-def test_batching_study(batching: Path, uri: str) -> None:
+def test_batching_study(tmp_path: Path, uri: str) -> None:
+    """The batching study, logged as it is by default (every observer, MLflow included): its
+    table and MLflow runs, then the refusals checked on its folder (below)."""
+    batching = tmp_path / "batching"
+    run_study("batching", batching, uri)
+    check_batching(batching, uri)
+    a_comparison_of_different_tokens_is_refused(batching, tmp_path / "refused")
+    a_genuine_tie_is_accepted_and_listed(batching)
+
+
+def check_batching(batching: Path, uri: str) -> None:
     rows = check_table("batching", batching, 4)
     assert [(r["workload"], r["scheduler"]) for r in rows] == [
         ("straggler", "static"),
@@ -203,8 +209,8 @@ CHECKS = {
 }
 
 
-def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
+def a_comparison_of_different_tokens_is_refused(batching: Path, sweep: Path) -> None:
+    """A copy of the batching sweep with one token changed is refused, by name."""
     shutil.copytree(batching, sweep, ignore=shutil.ignore_patterns("batching.*"))
     outputs = sweep / "1" / "outputs.jsonl"  # straggler, continuous: compared with job 0
     lines = [json.loads(line) for line in outputs.read_text().splitlines()]
@@ -223,7 +229,7 @@ def test_a_comparison_of_different_tokens_is_refused(batching: Path, tmp_path: P
     write_report("batching", load_sweep(sweep), {}, sweep)
 
 
-def test_a_genuine_tie_is_accepted_and_listed(batching: Path) -> None:
+def a_genuine_tie_is_accepted_and_listed(batching: Path) -> None:
     """Where two runs first differ at a genuine fp32 tie, the comparison goes on (the
     project's tie rule); the tie check decides, and anything it rejects is refused."""
     runs = load_sweep(batching)

@@ -14,6 +14,7 @@ import enum
 import gc
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -93,6 +94,23 @@ def tracked(store_uri: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def loaded(tiny: tuple[Any, Any]) -> tuple[Any, ...]:
     model, tok = tiny
     return model, tok, torch.device("cpu"), torch.float32
+
+
+@pytest.fixture(scope="module")
+def tight_run(tiny: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One run of TIGHT without observers, `(folder, info)`, shared by the tests that only
+    read its files and steps (each copies the folder before writing beside them): the same
+    run each would make for itself."""
+    folder = tmp_path_factory.mktemp("tight")
+    model, tok = tiny
+    loaded = (model, tok, torch.device("cpu"), torch.float32)
+    return folder, run_with_observers(make_cfg(*TIGHT, "observers=[]"), folder, loaded)
+
+
+def copy_of(run: tuple[Path, Any], where: Path) -> Path:
+    """The shared run's files in a folder of the test's own."""
+    shutil.copytree(run[0], where, dirs_exist_ok=True)
+    return where
 
 
 def runs_of(uri: str, experiment: str) -> list[Any]:
@@ -585,11 +603,12 @@ def test_the_slot_timeline_matches_the_engine_rows(
 
 
 def test_the_plots_read_only_their_columns_of_steps_csv(
-    loaded: tuple[Any, ...], tmp_path: Path, figures: dict[str, Any]
+    tight_run: tuple[Path, Any], tmp_path: Path, figures: dict[str, Any]
 ) -> None:
     """A whole day's trace is a million steps: the pictures keep 6 of steps.csv's columns as
     arrays, the same values read back from the file as taken from the run in memory."""
-    info = run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    copy_of(tight_run, tmp_path)
+    info = tight_run[1]
     every = read_csv(tmp_path / "steps.csv")
     some = read_step_columns(tmp_path / "steps.csv")
     assert set(some) == set(STEP_PLOT_COLUMNS)
@@ -611,13 +630,15 @@ def test_the_plots_read_only_their_columns_of_steps_csv(
 
 @pytest.mark.parametrize("parallel_steps", [10**9, 1], ids=["one process", "forked workers"])
 def test_steps_csv_is_what_the_csv_module_writes(
-    loaded: tuple[Any, ...], tmp_path: Path, parallel_steps: int, monkeypatch: pytest.MonkeyPatch
+    tight_run: tuple[Path, Any],
+    tmp_path: Path,
+    parallel_steps: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """steps.csv is written one `%` a row, and a long run's rows are formatted by forked
     workers in chunks: the same bytes as `csv.writer` either way, a numpy number in a field
     included, and the heap as frozen (or not) afterwards as before."""
-    info = run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
-    steps = list(info.result.steps)
+    steps = list(tight_run[1].result.steps)  # a copy: the shared run's list stays as it was
     steps[0] = dataclasses.replace(steps[0], window=np.float64(2.5), time=np.float32(0.25))
     monkeypatch.setattr(steps_csv, "CHUNK_STEPS", 7)  # several chunks, the last one short
     frozen = gc.get_freeze_count()
@@ -668,10 +689,10 @@ def test_a_steps_file_without_steps_reads_as_empty_columns(tmp_path: Path) -> No
 
 
 def test_a_long_run_draws_the_first_steps_of_its_timeline(
-    loaded: tuple[Any, ...], tmp_path: Path
+    tight_run: tuple[Path, Any], tmp_path: Path
 ) -> None:
     """The timeline of a run longer than `max_steps` shows its first steps, and says so."""
-    run_with_observers(make_cfg(*TIGHT, "observers=[]"), tmp_path, loaded)
+    copy_of(tight_run, tmp_path)
     steps = read_step_columns(tmp_path / "steps.csv")
     requests = read_csv(tmp_path / "requests.csv")
     drawn: dict[str, Any] = {}

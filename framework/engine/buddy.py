@@ -94,9 +94,8 @@ class BuddyExtents:
         one level down, which is all that changes (`copy.deepcopy` walked every int through
         its memo, and took a quarter of a quick Orca reproduction's time)."""
         twin = BuddyExtents.__new__(BuddyExtents)
-        twin.units, twin.max_order, twin.num_free = self.units, self.max_order, self.num_free
-        twin._free = [set(starts) for starts in self._free]
-        twin._extents = dict(self._extents)
+        vars(twin).update(vars(self), _free=[set(s) for s in self._free])
+        vars(twin).update(_extents=dict(self._extents))
         return twin
 
     # ---- inspection ----------------------------------------------------------------------
