@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.executors.kernel_choice import AUTO, Choice, best_of, setting
+from framework.executors.kernel_choice import Choice, best_of, setting
 from framework.executors.kernels.build import unavailable
 from framework.executors.packed_linear import (
     EVERY_ROW,
@@ -150,21 +150,17 @@ def small_setting(value: Any) -> int | None:
     """`engine.small_linear` as a row count (0: off; `EVERY_ROW`: `true`), or None for
     `auto`. A count pins what a climb would choose, so that runs compared with each other
     (an A/B, the same-speed check) run the same kernels without measuring them again."""
-    if isinstance(value, bool):
-        return EVERY_ROW if value else 0
-    if isinstance(value, int) and value >= 1:
-        return value
-    text = str(value).strip().lower()
-    if text == AUTO:
-        return None
-    if text in ("true", "false"):
-        return EVERY_ROW if text == "true" else 0
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise ValueError(
-        "engine.small_linear must be auto (chosen by a measurement on this machine), true (every"
-        f" row count), false, or a row count >= 1 (the kernel up to that many rows); got {value!r}"
-    )
+    if not isinstance(value, bool) and str(value).strip().isdigit() and int(value) >= 1:
+        return int(value)
+    try:
+        want = setting(value, "small_linear")  # auto, true or false
+    except ValueError:
+        raise ValueError(
+            "engine.small_linear must be auto (chosen by a measurement on this machine), true"
+            " (every row count), false, or a row count >= 1 (the kernel up to that many rows);"
+            f" got {value!r}"
+        ) from None
+    return None if want is None else EVERY_ROW if want else 0
 
 
 def small_pin(said: str) -> str:
