@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from framework.core.request import RequestSpec, SamplingParams
-from framework.engine.kv_cache import KVCache
+from framework.engine.kv_cache import ALIGN, KVCache
 from framework.executors.kernels.paged_decode import available, why_not
 from framework.executors.paged_attention import PagedBatch, _decode
 from tests.helpers import check_same_greedy, hf_greedy, make_cfg, run_engine
@@ -127,3 +127,16 @@ def test_it_says_why_it_is_not_used() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # other devices and dtypes: the portable path, silently
         assert not available(CPU, torch.float16, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_pool_is_zero_page_aligned_and_its_layers_apart(dtype: torch.dtype) -> None:
+    """The pool's layers are views of one lazily zeroed block: each reads as zeros, starts
+    on a page whatever its size, and a write to one touches no other."""
+    cache = KVCache(3, 5, 4, 3, 7, dtype, CPU)  # a layer of 6 x 4 slots x 3 x 7: 1 KB, odd
+    layers = [*cache.k, *cache.v]
+    assert all(t.shape == (24, 3, 7) and t.dtype == dtype and t.is_contiguous() for t in layers)
+    assert all(t.data_ptr() % ALIGN == 0 for t in layers)
+    assert all(not t.any() for t in layers)
+    cache.k[1].fill_(1)
+    assert [bool(t.any()) for t in layers] == [False, True, False, False, False, False]
