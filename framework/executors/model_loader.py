@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from filelock import FileLock
 # modelling code (`AutoModelForCausalLM`, `LlamaForCausalLM`) takes seconds to import; the
 # functions that load weights import it themselves.
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+
+from framework.core.cache_dir import cache_root
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig, PreTrainedModel
@@ -55,11 +56,6 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
-
-
-def cache_root(cache_dir: str | None) -> Path:
-    root = cache_dir or os.environ.get("NANOSERVE_CACHE") or "~/.cache/nanoserve"
-    return Path(root).expanduser()
 
 
 def smollm2_gguf_dir() -> Path:

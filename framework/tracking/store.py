@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from framework.tracking.sqlite_template import seed
 from framework.tracking.tags import tracking_uri
 
 T = TypeVar("T")
@@ -92,6 +93,7 @@ class TrackingStore:
                 os.environ.setdefault(name, value)
             from mlflow import MlflowClient
 
+            seed(self.uri)  # a new SQLite store: a copy of a migrated one, not 3 s of migrations
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
