@@ -14,6 +14,7 @@ import framework.plugin_host.registry
 from framework.api import ClusterView, RequestSpec, Router, RouterConfig, hookimpl
 from framework.executors.model_loader import TinySpec, load_model
 from framework.plugin_host.registry import Registry
+from tests.helpers import Shared
 
 # Property tests (tests/test_properties.py). `default`: few examples, derandomized (the same
 # examples on every machine, so CI is reproducible) and no example database. `long`: for soak
@@ -79,6 +80,16 @@ def glue_built() -> None:
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[Any, Any]:
     return load_model("smollm2", None, None, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Shared:
+    """Results made once for all the session's xdist workers (`tests.helpers.Shared`)."""
+    if worker_id == "master":
+        return Shared(None)
+    root = tmp_path_factory.getbasetemp().parent / "shared"  # the workers' common folder
+    root.mkdir(exist_ok=True)
+    return Shared(root)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -120,6 +123,29 @@ def hf_greedy(model: Any, prompt_ids: list[int], max_new: int, eos: int | None) 
             pad_token_id=eos if eos is not None else 0,
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+class Shared:
+    """Plain results (JSON) computed once per test session, whichever xdist worker asks first;
+    the others wait for it and read them. Why: a real model's Hugging Face references take
+    about 20 s of CPU, and every worker that runs a test of the file would make them again.
+    The files live in the session's own base folder, so no run reads another run's."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root  # None: one process, nothing to share
+
+    def get(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()`'s value for `key` (anything JSON can write: what the value depends on)."""
+        if self.root is None:
+            return compute()
+        name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+        path = self.root / f"{name}.json"
+        with FileLock(self.root / f"{name}.lock"):
+            if path.exists():
+                return json.loads(path.read_text())
+            value = compute()
+            path.write_text(json.dumps(value))
+            return json.loads(path.read_text())  # the same types whoever computed it
 
 
 def check_same_greedy(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from framework.executors import model_loader
+from tests.helpers import Shared
 
 
 def test_concurrent_starts_prepare_the_cache_once(
@@ -49,3 +50,22 @@ def test_a_half_written_cache_is_prepared_again(
     monkeypatch.setattr(model_loader, "_dequantise_smollm2", prepared.append)
     model_loader.prepare_smollm2(str(tmp_path))
     assert prepared == [target]
+
+
+def test_shared_results_are_computed_once_for_every_worker(tmp_path: Path) -> None:
+    """`tests.helpers.Shared`, as two xdist workers use it: the first computes, the second
+    reads the same value (same types) without computing; alone, each call computes."""
+    calls: list[int] = []
+
+    def compute() -> dict[str, list[int]]:
+        calls.append(1)
+        return {"r0": [1, 2, 3]}
+
+    first, second = Shared(tmp_path), Shared(tmp_path)
+    assert first.get(["k", 1], compute) == {"r0": [1, 2, 3]}
+    assert second.get(["k", 1], compute) == {"r0": [1, 2, 3]}
+    assert len(calls) == 1
+    assert second.get(["k", 2], compute) == {"r0": [1, 2, 3]} and len(calls) == 2  # another key
+    alone = Shared(None)
+    alone.get(["k", 1], compute)
+    assert len(calls) == 3

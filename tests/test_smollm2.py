@@ -21,14 +21,17 @@ NEW = 20
 
 
 @pytest.fixture(scope="module")
-def chat(smollm2):
+def chat(smollm2, shared):
     model, tok = smollm2
     specs = build_workload({"kind": "chat", "limit": 8, "max_tokens": NEW}, tok)
     forced = [
         dataclasses.replace(s, sampling=dataclasses.replace(s.sampling, ignore_eos=True))
         for s in specs
     ]
-    refs = {s.id: hf_greedy(model, s.prompt_token_ids, NEW, None) for s in forced}
+    key = ["smollm2", "float32", NEW, [s.prompt_token_ids for s in forced]]
+    refs = shared.get(
+        key, lambda: {s.id: hf_greedy(model, s.prompt_token_ids, NEW, None) for s in forced}
+    )
     return forced, refs
 
 

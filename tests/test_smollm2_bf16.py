@@ -40,14 +40,17 @@ COMBOS += [("chunked", "incremental", ("scheduler.chunk_size=7",))]
 
 
 @pytest.fixture(scope="module")
-def bf16():
+def bf16(shared):
     model, tok = load_model("smollm2", None, None, torch.bfloat16, torch.device("cpu"))
     specs = build_workload({"kind": "chat", "limit": 8, "max_tokens": NEW}, tok)
     specs = [
         dataclasses.replace(s, sampling=dataclasses.replace(s.sampling, ignore_eos=True))
         for s in specs
     ]
-    refs = {s.id: hf_greedy(model, s.prompt_token_ids, NEW, None) for s in specs}
+    key = ["smollm2", "bfloat16", NEW, [s.prompt_token_ids for s in specs]]
+    refs = shared.get(
+        key, lambda: {s.id: hf_greedy(model, s.prompt_token_ids, NEW, None) for s in specs}
+    )
     return model, tok, specs, refs
 
 
