@@ -6,12 +6,14 @@ no existing store is ever replaced."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow.store.db.utils
 import pytest
 from mlflow import MlflowClient
 
 from framework.tracking.sqlite_template import seed, store_file
+from framework.tracking.store import TrackingStore
 
 
 def test_a_seeded_store_opens_without_migrations_and_holds_a_run(
@@ -46,3 +48,15 @@ def test_an_existing_file_and_other_uris_are_left_alone(tmp_path: Path) -> None:
         assert store_file(uri) is None and not seed(uri)
     assert store_file("sqlite:///runs/m.db?timeout=5") == Path("runs/m.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.db"]  # nothing staged left
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_store_to_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("NANOSERVE_CACHE", str(blocked / "cache"))  # under a file: no folder
+    uri = f"sqlite:///{tmp_path / 'own.db'}"
+    store = TrackingStore(SimpleNamespace(tracking_uri=uri, experiment="e", fatal=True))
+    assert store.experiment_id() and store.broken is None
+    assert (tmp_path / "own.db").exists() and not (blocked / "cache").exists()

@@ -93,7 +93,10 @@ class TrackingStore:
                 os.environ.setdefault(name, value)
             from mlflow import MlflowClient
 
-            seed(self.uri)  # a new SQLite store: a copy of a migrated one, not 3 s of migrations
+            # A new SQLite store: a copy of a migrated one, not 3 s of migrations. A cache that
+            # cannot be written leaves the store to MLflow, as before.
+            with contextlib.suppress(OSError):
+                seed(self.uri)
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
